@@ -1,0 +1,23 @@
+"""rloo: online RL fine-tuning of causal language models with RLOO.
+
+``import rloo`` stays light: the trainer and its heavy dependencies load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["RLOOConfig", "RLOOTrainer", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RLOOConfig":
+        from rloo.config import RLOOConfig
+
+        return RLOOConfig
+    if name == "RLOOTrainer":
+        from rloo.trainer import RLOOTrainer
+
+        return RLOOTrainer
+    raise AttributeError(f"module 'rloo' has no attribute {name!r}")

@@ -1,0 +1,232 @@
+"""Rewards -> advantages: combination, clipping, baselines and normalization.
+
+Pure torch: tensors in, tensors out; no model, no config object, no I/O.
+
+Notation: N completions in a generation batch, made of P prompts x K samples each
+(N = P*K in the usual case). Rewards are flat ``(N,)`` tensors and every completion
+carries the id of its prompt's group in ``group_ids: (N,)``; groups are found from these
+ids, never from positions, so a partly unscorable group or a singleton is handled by the
+one rule stated in :func:`compute_advantages`.
+
+Where we depart from TRL: a completion that no reward function applies to ("unscorable")
+is left out of its group's baseline and of the normalization statistics and gets advantage
+0 (TRL counts its nansum, 0.0, as a real reward). With every completion scorable, the
+``rloo`` estimator is exactly TRL's ``r_i - (sum_j r_j - r_i) / (K - 1)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+
+Level = Literal["group", "batch", "none"]
+LEVELS: tuple[str, ...] = ("group", "batch", "none")
+DEFAULT_STD_EPS = 1e-4
+
+
+def combine_rewards(rewards_per_func: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Weighted sum of several reward functions, skipping the ones that do not apply.
+
+    ``r_n = sum_{f : R[n, f] is not NaN} w_f * R[n, f]``;
+    ``scorable_n = exists f with R[n, f] not NaN``.
+
+    Args:
+        rewards_per_func: ``(N, F)`` float, NaN where function f does not apply to
+            completion n (a reward function returned ``None``).
+        weights: ``(F,)`` per-function weights.
+
+    Returns:
+        ``(rewards, scorable)``: ``(N,)`` float with 0.0 for unscorable rows, and
+        ``(N,)`` bool.
+    """
+    if rewards_per_func.dim() != 2:
+        raise ValueError(f"rewards_per_func must be (N, F), got shape {tuple(rewards_per_func.shape)}")
+    if weights.shape != (rewards_per_func.shape[1],):
+        raise ValueError(
+            f"weights must have one entry per reward function ({rewards_per_func.shape[1]}), "
+            f"got shape {tuple(weights.shape)}"
+        )
+    applies = ~torch.isnan(rewards_per_func)
+    weighted = torch.where(applies, rewards_per_func * weights.to(rewards_per_func), 0.0)
+    return weighted.sum(dim=1), applies.any(dim=1)
+
+
+def clip_rewards(rewards: Tensor, clip_range: tuple[float, float] | None) -> Tensor:
+    """``clamp(r, low, high)``; identity when ``clip_range`` is None. ``rewards: (N,)``."""
+    if clip_range is None:
+        return rewards
+    low, high = clip_range
+    if low > high:
+        raise ValueError(f"reward clip range must have low <= high, got {clip_range}")
+    return rewards.clamp(min=low, max=high)
+
+
+def _dense_group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary group ids ``(N,)`` to ``0..G-1``; returns ``(index (N,), G)``."""
+    unique, index = torch.unique(group_ids, return_inverse=True)
+    return index, int(unique.numel())
+
+
+def _per_sample_group_sum(values: Tensor, index: Tensor, num_groups: int) -> Tensor:
+    """``out_n = sum_{m in group(n)} values_m``, shapes ``(N,)``."""
+    sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, index, values)[index]
+
+
+def _masked_std(values: Tensor, valid: Tensor) -> Tensor:
+    """Sample std (ddof=1) of ``values[valid]`` as a 0-dim tensor; 0 when fewer than 2."""
+    count = valid.sum()
+    if count < 2:
+        return values.new_zeros(())
+    mean = values[valid].mean()
+    return torch.sqrt(((values[valid] - mean) ** 2).sum() / (count - 1))
+
+
+def compute_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Tensor,
+    *,
+    mean_level: Level = "group",
+    leave_one_out: bool = True,
+    std_level: Level = "none",
+    eps: float = DEFAULT_STD_EPS,
+) -> Tensor:
+    """Advantages from rewards with a configurable baseline and scale.
+
+    ``A_i = (r_i - b_i) / (s_i + eps)`` where, over the *valid* (scorable) completions,
+
+    - ``b_i`` (``mean_level``): ``group`` -> mean of i's group, ``batch`` -> mean of the
+      batch, ``none`` -> 0. With ``leave_one_out`` the mean leaves r_i out:
+      ``b_i = (sum_j r_j - r_i) / (n - 1)``, so for a group of K,
+      ``A_i = r_i - 1/(K-1) sum_{j != i} r_j = K/(K-1) (r_i - mean(r))``.
+    - ``s_i`` (``std_level``): sample std (ddof=1, as ``torch.std``) of the rewards in
+      i's group / the batch; with ``none`` there is no division and no eps.
+
+    Rules: invalid completions get advantage 0 and enter no statistic. When the baseline
+    or the std is taken per group, a completion whose group has fewer than 2 valid members
+    gets advantage 0 (it has no other sample to compare with).
+
+    Args:
+        rewards: ``(N,)`` float. group_ids: ``(N,)`` int, equal for the K samples of a
+            prompt. valid: ``(N,)`` bool (scorable).
+
+    Raises:
+        ValueError: a leave-one-out baseline on a batch where no group has 2 members,
+            which means fewer than 2 completions per prompt (``num_generations`` < 2).
+    """
+    if mean_level not in LEVELS or std_level not in LEVELS:
+        raise ValueError(
+            f"mean_level and std_level must be one of {LEVELS}, got {mean_level!r}, {std_level!r}"
+        )
+    if not (rewards.shape == group_ids.shape == valid.shape) or rewards.dim() != 1:
+        raise ValueError(
+            "rewards, group_ids and valid must all be (N,), got "
+            f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(valid.shape)}"
+        )
+    index, num_groups = _dense_group_index(group_ids)
+    ones = valid.to(rewards.dtype)
+    r = torch.where(valid, rewards, 0.0)
+    group_size = torch.bincount(index, minlength=num_groups)
+    if leave_one_out and mean_level == "group" and rewards.numel() > 0 and group_size.max() < 2:
+        raise ValueError(
+            "the leave-one-out baseline needs at least 2 completions per prompt; every group "
+            "here has 1. Set num_generations >= 2."
+        )
+    group_count = _per_sample_group_sum(ones, index, num_groups)
+    too_small = torch.zeros_like(valid)
+    if mean_level == "group":
+        total, count = _per_sample_group_sum(r, index, num_groups), group_count
+        too_small = too_small | (group_count < 2)
+    elif mean_level == "batch":
+        total, count = r.sum().expand_as(r), ones.sum().expand_as(r)
+    else:
+        total, count = torch.zeros_like(r), torch.ones_like(r)
+    if mean_level != "none" and leave_one_out:
+        baseline = (total - r) / (count - 1).clamp(min=1)
+    else:
+        baseline = total / count.clamp(min=1)
+    advantages = r - baseline
+
+    if std_level == "group":
+        mean = _per_sample_group_sum(r, index, num_groups) / group_count.clamp(min=1)
+        sq = _per_sample_group_sum(torch.where(valid, (r - mean) ** 2, 0.0), index, num_groups)
+        std = torch.sqrt(sq / (group_count - 1).clamp(min=1))
+        advantages = advantages / (std + eps)
+        too_small = too_small | (group_count < 2)
+    elif std_level == "batch":
+        advantages = advantages / (_masked_std(r, valid) + eps)
+    return torch.where(valid & ~too_small, advantages, 0.0)
+
+
+def normalize_advantages(advantages: Tensor, valid: Tensor, eps: float = DEFAULT_STD_EPS) -> Tensor:
+    """Batch whitening after the baseline: ``(A - mean(A)) / (std(A) + eps)``.
+
+    Statistics over valid completions only (std with ddof=1, as TRL's ``advantages.std()``);
+    invalid completions stay at 0. Shapes ``(N,)``.
+    """
+    if valid.sum() == 0:
+        return advantages
+    mean = advantages[valid].mean()
+    whitened = (advantages - mean) / (_masked_std(advantages, valid) + eps)
+    return torch.where(valid, whitened, 0.0)
+
+
+class AdvantageEstimator(Protocol):
+    """The one signature every registered estimator has."""
+
+    def __call__(self, rewards: Tensor, group_ids: Tensor, valid: Tensor, *, eps: float = ...) -> Tensor: ...
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    # A_i = r_i - mean_{j != i} r_j (Ahmadian et al. 2024; TRL's RLOOTrainer)
+    "rloo": functools.partial(compute_advantages, mean_level="group", leave_one_out=True, std_level="none"),
+    # A_i = (r_i - mean_group) / (std_group + eps) (Shao et al. 2024)
+    "grpo": functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="group"),
+    # A_i = r_i - mean_group (Dr. GRPO: no std scaling)
+    "group_mean": functools.partial(
+        compute_advantages, mean_level="group", leave_one_out=False, std_level="none"
+    ),
+    # A_i = r_i (plain REINFORCE, no baseline)
+    "reinforce": functools.partial(
+        compute_advantages, mean_level="none", leave_one_out=False, std_level="none"
+    ),
+    # A_i = (r_i - mean_batch) / (std_batch + eps) (REINFORCE++, Hu 2025)
+    "reinforce_pp": functools.partial(
+        compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"
+    ),
+    # A_i = (r_i - mean_group) / (std_batch + eps) (REINFORCE++-baseline)
+    "reinforce_pp_baseline": functools.partial(
+        compute_advantages, mean_level="group", leave_one_out=False, std_level="batch"
+    ),
+}
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """Look an estimator up by name; an unknown name lists the valid ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+
+
+def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, valid: Tensor, atol: float = 1e-6) -> float:
+    """Fraction of groups whose valid rewards are all equal (so every advantage is 0).
+
+    Groups with fewer than 2 valid members count as zero-std. Shapes ``(N,)``.
+    """
+    index, num_groups = _dense_group_index(group_ids)
+    r = rewards.to(torch.float64)
+    high = torch.full((num_groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
+        0, index[valid], r[valid], reduce="amax"
+    )
+    low = torch.full((num_groups,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
+        0, index[valid], r[valid], reduce="amin"
+    )
+    spread = torch.where(torch.isfinite(high - low), high - low, 0.0)
+    return float((spread <= atol).to(torch.float64).mean()) if num_groups else 0.0

@@ -1,0 +1,158 @@
+"""Policy-gradient losses: importance ratio, clipped surrogate, aggregation. Pure torch.
+
+Shapes: N completions, T completion tokens. ``logprobs``, ``old_logprobs`` and
+``completion_mask`` are ``(N, T)``; ``advantages`` are ``(N,)``.
+
+The clipped surrogate for one action with ratio ``rho = pi / pi_old`` and advantage A is
+
+    l = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
+
+(PPO; DAPO's asymmetric clip when eps_high != eps_low). An *action* is either one token
+(``ratio_level="token"``: PPO, GRPO, DAPO) or the whole completion
+(``ratio_level="sequence"``: ``rho_i = exp(sum_t log pi_it - sum_t log pi_old_it)``, one clip
+decision per completion, as in TRL's RLOOTrainer). When the batch is used once,
+``pi_old = pi`` detached, so ``rho = 1`` and ``grad l = -A grad log pi``: plain REINFORCE.
+
+Each completion's summed loss ``S_i`` (sum of its token losses, or its one sequence loss)
+is reduced to a scalar by an aggregation mode, see :func:`aggregate_loss`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+
+RatioLevel = Literal["token", "sequence"]
+AggregationMode = Literal[
+    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
+]
+AGGREGATION_MODES: tuple[str, ...] = (
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_sum_norm",
+)
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """``-min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)``, elementwise (broadcasts)."""
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.min(ratio * advantages, clipped * advantages)
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    """Per-completion summed loss and the ratio it was built from.
+
+    sequence_loss: ``(N,)`` ``S_i``. ratio: ``(N, T)`` for token level, ``(N, 1)`` for
+    sequence level (the shape the clip decisions were taken at).
+    """
+
+    sequence_loss: Tensor
+    ratio: Tensor
+
+
+class PolicyLoss(Protocol):
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        completion_mask: Tensor,
+        eps_low: float,
+        eps_high: float,
+    ) -> PolicyLossOutput: ...
+
+
+def token_level_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyLossOutput:
+    """``S_i = sum_t m_it * l(rho_it, A_i)`` with ``rho_it = exp(log pi_it - log pi_old_it)``."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    per_token = clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
+    return PolicyLossOutput((per_token * completion_mask).sum(dim=1), ratio)
+
+
+def sequence_level_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyLossOutput:
+    """``S_i = l(rho_i, A_i)`` with ``rho_i = exp(sum_t m_it (log pi_it - log pi_old_it))``."""
+    log_ratio = ((logprobs - old_logprobs) * completion_mask).sum(dim=1)
+    ratio = torch.exp(log_ratio)
+    return PolicyLossOutput(clipped_surrogate(ratio, advantages, eps_low, eps_high), ratio.unsqueeze(1))
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {"token": token_level_loss, "sequence": sequence_level_loss}
+
+
+def get_policy_loss(ratio_level: str) -> PolicyLoss:
+    """Look the policy loss up by ratio level; an unknown name lists the valid ones."""
+    try:
+        return POLICY_LOSSES[ratio_level]
+    except KeyError:
+        raise ValueError(
+            f"unknown ratio level {ratio_level!r}; choose one of {sorted(POLICY_LOSSES)}"
+        ) from None
+
+
+def aggregate_loss(
+    sequence_loss: Tensor,
+    completion_mask: Tensor,
+    mode: str,
+    *,
+    total_tokens: float | None = None,
+    total_sequences: float | None = None,
+    max_completion_length: int | None = None,
+) -> Tensor:
+    """Reduce per-completion summed losses ``S_i`` to one scalar.
+
+    With ``L_i = sum_t m_it`` the completion's token count:
+
+    - ``token_mean``: ``sum_i S_i / sum_i L_i``; every token of the batch weighs the same.
+    - ``seq_mean_token_mean``: ``1/N sum_i S_i / L_i``; each completion weighs the same
+      (AReaL's and the GRPO paper's formula).
+    - ``seq_mean_token_sum``: ``1/N sum_i S_i``; the completion is one action (RLOO paper,
+      TRL's RLOOTrainer).
+    - ``seq_mean_token_sum_norm``: ``1/(N * T_max) sum_i S_i`` with ``T_max`` the
+      completion-length limit (Dr. GRPO).
+
+    ``total_tokens`` / ``total_sequences`` replace ``sum_i L_i`` / ``N`` when a batch is
+    split into micro-batches, so the micro-batch losses add up to the full-batch loss.
+    Completions with ``L_i = 0`` (fully masked) count as 1 token in ``S_i / L_i``.
+    """
+    lengths = completion_mask.sum(dim=1)
+    num_sequences = float(sequence_loss.shape[0]) if total_sequences is None else total_sequences
+    if mode == "token_mean":
+        denominator = lengths.sum().clamp(min=1.0) if total_tokens is None else max(total_tokens, 1.0)
+        return sequence_loss.sum() / denominator
+    if mode == "seq_mean_token_mean":
+        return (sequence_loss / lengths.clamp(min=1.0)).sum() / max(num_sequences, 1.0)
+    if mode == "seq_mean_token_sum":
+        return sequence_loss.sum() / max(num_sequences, 1.0)
+    if mode == "seq_mean_token_sum_norm":
+        if max_completion_length is None:
+            raise ValueError("seq_mean_token_sum_norm needs max_completion_length")
+        return sequence_loss.sum() / (max(num_sequences, 1.0) * max_completion_length)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {list(AGGREGATION_MODES)}")
+
+
+def per_token_penalty_sum(per_token_values: Tensor, completion_mask: Tensor, coef: float) -> Tensor:
+    """``coef * sum_t m_it * v_it``: ``(N, T) -> (N,)``; adds a per-token term to ``S_i``.
+
+    Used for the KL-in-loss penalty (``+beta * KL_t``) and the entropy bonus
+    (``-entropy_coef * H_t``).
+    """
+    return coef * (per_token_values * completion_mask).sum(dim=1)
