@@ -119,9 +119,7 @@ def compute_advantages(
             which means fewer than 2 completions per prompt (``num_generations`` < 2).
     """
     if mean_level not in LEVELS or std_level not in LEVELS:
-        raise ValueError(
-            f"mean_level and std_level must be one of {LEVELS}, got {mean_level!r}, {std_level!r}"
-        )
+        raise ValueError(f"mean_level and std_level must be one of {LEVELS}, got {mean_level!r}, {std_level!r}")
     if not (rewards.shape == group_ids.shape == valid.shape) or rewards.dim() != 1:
         raise ValueError(
             "rewards, group_ids and valid must all be (N,), got "
@@ -187,17 +185,11 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     # A_i = (r_i - mean_group) / (std_group + eps) (Shao et al. 2024)
     "grpo": functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="group"),
     # A_i = r_i - mean_group (Dr. GRPO: no std scaling)
-    "group_mean": functools.partial(
-        compute_advantages, mean_level="group", leave_one_out=False, std_level="none"
-    ),
+    "group_mean": functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="none"),
     # A_i = r_i (plain REINFORCE, no baseline)
-    "reinforce": functools.partial(
-        compute_advantages, mean_level="none", leave_one_out=False, std_level="none"
-    ),
+    "reinforce": functools.partial(compute_advantages, mean_level="none", leave_one_out=False, std_level="none"),
     # A_i = (r_i - mean_batch) / (std_batch + eps) (REINFORCE++, Hu 2025)
-    "reinforce_pp": functools.partial(
-        compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"
-    ),
+    "reinforce_pp": functools.partial(compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"),
     # A_i = (r_i - mean_group) / (std_batch + eps) (REINFORCE++-baseline)
     "reinforce_pp_baseline": functools.partial(
         compute_advantages, mean_level="group", leave_one_out=False, std_level="batch"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(
-    help="rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out.", no_args_is_help=True
-)
+app = typer.Typer(help="rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out.", no_args_is_help=True)
 
 
 @app.callback()

@@ -40,7 +40,9 @@ def kl_k2(logprobs: Tensor, reference_logprobs: Tensor) -> Tensor:
 def kl_k3(logprobs: Tensor, reference_logprobs: Tensor) -> Tensor:
     """``k3 = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1``, elementwise."""
     delta = reference_logprobs - logprobs
-    return torch.exp(delta) - delta - 1.0
+    # expm1(d) - d == exp(d) - d - 1, without the cancellation that makes the latter
+    # negative (and inaccurate) for d near 0, i.e. when pi is close to pi_ref.
+    return torch.expm1(delta) - delta
 
 
 class KLEstimator(Protocol):
@@ -59,12 +61,14 @@ def get_kl_estimator(name: str) -> KLEstimator:
 
 
 def sequence_kl(per_token_kl: Tensor, completion_mask: Tensor) -> Tensor:
-    """``KL_i = sum_t mask_it * KL_it``: ``(N, T), (N, T) -> (N,)``."""
-    return (per_token_kl * completion_mask).sum(dim=-1)
+    """``KL_i = sum_t mask_it * KL_it``: ``(N, T), (N, T) -> (N,)``.
+
+    Masked positions are selected away rather than multiplied by 0, so a non-finite value
+    there (padding) cannot turn the sum into NaN.
+    """
+    return torch.where(completion_mask != 0, per_token_kl * completion_mask, 0.0).sum(dim=-1)
 
 
-def kl_penalized_rewards(
-    rewards: Tensor, per_token_kl: Tensor, completion_mask: Tensor, beta: float
-) -> Tensor:
+def kl_penalized_rewards(rewards: Tensor, per_token_kl: Tensor, completion_mask: Tensor, beta: float) -> Tensor:
     """``R_i = r_i - beta * sum_t mask_it * KL_it``: rewards ``(N,)``, KL and mask ``(N, T)``."""
     return rewards - beta * sequence_kl(per_token_kl, completion_mask)

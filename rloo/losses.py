@@ -26,9 +26,7 @@ import torch
 from torch import Tensor
 
 RatioLevel = Literal["token", "sequence"]
-AggregationMode = Literal[
-    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
-]
+AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 AGGREGATION_MODES: tuple[str, ...] = (
     "token_mean",
     "seq_mean_token_mean",
@@ -67,6 +65,16 @@ class PolicyLoss(Protocol):
     ) -> PolicyLossOutput: ...
 
 
+def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, completion_mask: Tensor) -> Tensor:
+    """``log pi - log pi_old`` where the mask is non-zero, exactly 0 elsewhere.
+
+    Padded positions may hold any value (even +-inf); selecting rather than multiplying
+    keeps them from turning into ``exp(big) = inf`` and ``inf * 0 = NaN`` in the loss or
+    its gradient.
+    """
+    return torch.where(completion_mask != 0, logprobs - old_logprobs, 0.0)
+
+
 def token_level_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -76,7 +84,7 @@ def token_level_loss(
     eps_high: float,
 ) -> PolicyLossOutput:
     """``S_i = sum_t m_it * l(rho_it, A_i)`` with ``rho_it = exp(log pi_it - log pi_old_it)``."""
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = torch.exp(_masked_log_ratio(logprobs, old_logprobs, completion_mask))
     per_token = clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
     return PolicyLossOutput((per_token * completion_mask).sum(dim=1), ratio)
 
@@ -90,7 +98,7 @@ def sequence_level_loss(
     eps_high: float,
 ) -> PolicyLossOutput:
     """``S_i = l(rho_i, A_i)`` with ``rho_i = exp(sum_t m_it (log pi_it - log pi_old_it))``."""
-    log_ratio = ((logprobs - old_logprobs) * completion_mask).sum(dim=1)
+    log_ratio = (_masked_log_ratio(logprobs, old_logprobs, completion_mask) * completion_mask).sum(dim=1)
     ratio = torch.exp(log_ratio)
     return PolicyLossOutput(clipped_surrogate(ratio, advantages, eps_low, eps_high), ratio.unsqueeze(1))
 
@@ -103,9 +111,7 @@ def get_policy_loss(ratio_level: str) -> PolicyLoss:
     try:
         return POLICY_LOSSES[ratio_level]
     except KeyError:
-        raise ValueError(
-            f"unknown ratio level {ratio_level!r}; choose one of {sorted(POLICY_LOSSES)}"
-        ) from None
+        raise ValueError(f"unknown ratio level {ratio_level!r}; choose one of {sorted(POLICY_LOSSES)}") from None
 
 
 def aggregate_loss(
@@ -155,4 +161,5 @@ def per_token_penalty_sum(per_token_values: Tensor, completion_mask: Tensor, coe
     Used for the KL-in-loss penalty (``+beta * KL_t``) and the entropy bonus
     (``-entropy_coef * H_t``).
     """
-    return coef * (per_token_values * completion_mask).sum(dim=1)
+    masked = torch.where(completion_mask != 0, per_token_values * completion_mask, 0.0)
+    return coef * masked.sum(dim=1)

@@ -1,0 +1,110 @@
+"""Typed containers between the trainer's stages, and micro-batch slicing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rloo.metrics import ClipFractions
+from rloo.rollout import Rollout
+
+
+@dataclass
+class ScoredBatch:
+    """A generation batch ready for the update (N rows, ``Tc`` completion tokens).
+
+    loss_mask: ``(N, Tc)`` tokens that carry loss (the completion mask, with truncated
+    completions zeroed when ``mask_truncated_completions``). advantages: ``(N,)``.
+    old_logprobs / reference_logprobs: ``(N, Tc)`` or None (None old log-probs: the batch
+    is used in one optimizer step, so the current log-probs, detached, are the old ones).
+    metrics: generation-side metrics of this batch.
+    """
+
+    rollout: Rollout
+    loss_mask: Tensor
+    advantages: Tensor
+    old_logprobs: Tensor | None
+    reference_logprobs: Tensor | None
+    metrics: dict[str, float]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.advantages.shape[0])
+
+
+@dataclass
+class MicroBatch:
+    """Rows of a :class:`ScoredBatch`, with padding columns trimmed away."""
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_attention: Tensor
+    loss_mask: Tensor
+    advantages: Tensor
+    old_logprobs: Tensor | None
+    reference_logprobs: Tensor | None
+
+
+def _trim_columns(rollout: Rollout, rows: Tensor) -> tuple[slice, slice]:
+    """Prompt columns from the first one any row uses; completion columns up to the longest."""
+    prompt_used = rollout.prompt_mask[rows].any(dim=0)
+    first = int(prompt_used.int().argmax()) if bool(prompt_used.any()) else rollout.prompt_mask.shape[1]
+    completion_len = int(rollout.completion_mask[rows].sum(dim=1).max())
+    return slice(first, None), slice(0, max(completion_len, 1))
+
+
+def micro_batch(batch: ScoredBatch, rows: Tensor) -> MicroBatch:
+    """Select ``rows`` (1-D index tensor) and drop all-padding columns."""
+    r = batch.rollout
+    p, c = _trim_columns(r, rows)
+
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t[rows][:, c]
+
+    return MicroBatch(
+        prompt_ids=r.prompt_ids[rows][:, p],
+        prompt_mask=r.prompt_mask[rows][:, p],
+        completion_ids=r.completion_ids[rows][:, c],
+        completion_attention=r.completion_mask[rows][:, c],
+        loss_mask=batch.loss_mask[rows][:, c],
+        advantages=batch.advantages[rows],
+        old_logprobs=pick(batch.old_logprobs),
+        reference_logprobs=pick(batch.reference_logprobs),
+    )
+
+
+def micro_batch_rows(num_rows: int, size: int, device: torch.device) -> list[Tensor]:
+    """Consecutive row indices in chunks of ``size``."""
+    return [torch.arange(start, min(start + size, num_rows), device=device) for start in range(0, num_rows, size)]
+
+
+@dataclass
+class SampledBatch:
+    """Phases 1-2 of a generation batch: completions and their (unclipped) rewards.
+
+    prompts: the P raw dataset prompts; completion_texts: N decoded completions;
+    raw_rewards / scorable: ``(N,)``; metrics: reward and completion metrics.
+    """
+
+    rollout: Rollout
+    prompts: list[Any]
+    completion_texts: list[str]
+    raw_rewards: Tensor
+    scorable: Tensor
+    metrics: dict[str, float]
+    generate_seconds: float
+
+
+@dataclass
+class MicroBatchResult:
+    """What one micro-batch's forward/backward reports: the loss to backpropagate and metrics."""
+
+    loss: Tensor
+    loss_value: float
+    entropy: float
+    clip: ClipFractions
+    kl: float | None

@@ -1,0 +1,162 @@
+"""Checkpoints that are never half-written, and resuming from them.
+
+A checkpoint is written into ``output_dir/tmp-checkpoint-<step>`` and renamed to
+``checkpoint-<step>`` only once complete; ``trainer_state.json`` is written last, and
+:func:`latest_checkpoint` only picks folders that have it. An older checkpoint with the
+same name is moved aside before the rename and deleted after, so a crash at any point
+leaves either the old or the new one whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+TRAINING_FILE = "training_state.pt"
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Silence transformers' per-save progress bars ("Writing model shards") for a moment."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def save_pretrained_quietly(obj: Any, path: Path) -> None:
+    """``obj.save_pretrained(path)`` with safetensors and without progress bars."""
+    with quiet_progress_bars():
+        if hasattr(obj, "config"):
+            obj.save_pretrained(path, safe_serialization=True)
+        else:
+            obj.save_pretrained(path)
+
+
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """Every random state a run depends on."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "sampling": generator.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["sampling"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    training_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    save_total_limit: int | None,
+) -> Path:
+    """Write ``checkpoint-<step>`` atomically; returns its path.
+
+    ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model);
+    ``training_state`` (optimizer, scheduler, RNG states) goes to one torch file.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f"tmp-checkpoint-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_pretrained_quietly(model, tmp)
+    save_pretrained_quietly(tokenizer, tmp)
+    torch.save(training_state, tmp / TRAINING_FILE)
+    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+    old = output_dir / f"old-checkpoint-{step}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
+    rotate_checkpoints(output_dir, save_total_limit)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``output_dir``, oldest step first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for path in output_dir.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = list_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def rotate_checkpoints(output_dir: Path, save_total_limit: int | None) -> None:
+    """Delete the oldest checkpoints beyond ``save_total_limit``."""
+    if save_total_limit is None:
+        return
+    checkpoints = list_checkpoints(output_dir)
+    for path in checkpoints[: max(0, len(checkpoints) - save_total_limit)]:
+        shutil.rmtree(path)
+
+
+def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
+    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is True:
+        path = latest_checkpoint(output_dir)
+        if path is None:
+            raise ValueError(
+                f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
+                "train without resuming, or pass the checkpoint folder explicitly"
+            )
+        return path
+    path = Path(resume_from_checkpoint)
+    if not (path / STATE_FILE).is_file() or not (path / TRAINING_FILE).is_file():
+        raise ValueError(
+            f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint "
+            f"(needs {STATE_FILE} and {TRAINING_FILE}); pick a checkpoint-<step> folder"
+        )
+    return path
+
+
+def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trainer_state, training_state)`` of a checkpoint folder."""
+    trainer_state = json.loads((path / STATE_FILE).read_text())
+    training_state = torch.load(path / TRAINING_FILE, weights_only=False)
+    return trainer_state, training_state

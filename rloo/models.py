@@ -1,0 +1,141 @@
+"""Loading the policy, its tokenizer, PEFT adapters and the frozen reference.
+
+Where we depart from TRL: dropout is switched off in the policy (sampling and training
+then see the same distribution, so the importance ratio is exactly 1 on a fresh batch),
+and with ``beta == 0`` no reference is built at all. With a PEFT policy the reference is
+the same model with its adapters disabled: no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+def bf16_supported() -> bool:
+    """True on a CUDA device that runs bf16 natively."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def resolve_mixed_precision(bf16: bool | None) -> str:
+    """Accelerate's ``mixed_precision``: ``bf16`` when asked or (unset) supported, else ``no``."""
+    use_bf16 = bf16_supported() if bf16 is None else bf16
+    return "bf16" if use_bf16 else "no"
+
+
+def load_policy(model: str | PreTrainedModel, init_kwargs: dict[str, Any] | None) -> PreTrainedModel:
+    """A causal LM from a local folder or hub id (``trust_remote_code`` off by default), or as given."""
+    if isinstance(model, PreTrainedModel):
+        return model
+    if not isinstance(model, str):
+        raise ValueError(f"model must be a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
+    kwargs = {"trust_remote_code": False, **(init_kwargs or {})}
+    try:
+        loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    except OSError as err:
+        raise ValueError(
+            f"could not load a causal LM from {model!r}: {err}. Give a local folder with config.json "
+            "and weights, or a hub id reachable from this machine."
+        ) from err
+    return loaded
+
+
+def load_tokenizer(
+    model: str | PreTrainedModel, processing_class: PreTrainedTokenizerBase | None
+) -> PreTrainedTokenizerBase:
+    """The given tokenizer, or the one saved with the model; pad = eos when it has none.
+
+    Padding is on the left, as generation needs.
+    """
+    tokenizer = processing_class
+    if tokenizer is None:
+        source = model if isinstance(model, str) else model.config.name_or_path
+        if not source:
+            raise ValueError("the model instance has no name_or_path: pass its tokenizer as processing_class")
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0 (attention dropout in configs included)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if config is not None and isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn.Module:
+    """Wrap the model with PEFT adapters; only adapter weights stay trainable."""
+    from peft import get_peft_model
+
+    if gradient_checkpointing:
+        # checkpointed blocks need an input that requires grad when the embeddings are frozen
+        model.enable_input_require_grads()
+    wrapped: nn.Module = get_peft_model(model, peft_config)
+    return wrapped
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    target: Any = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
+    kwargs = {"use_reentrant": False}
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    target.config.use_cache = False
+
+
+def build_reference(model: str | PreTrainedModel, policy: nn.Module, beta: float, init_kwargs: Any) -> nn.Module | None:
+    """The frozen reference policy, or None when none is needed.
+
+    None when ``beta == 0`` (no KL) or when the policy is a PEFT model (the reference is
+    the policy with adapters disabled, see :func:`reference_mode`). Otherwise a second
+    copy: loaded again from the same path, or a deep copy of the given instance.
+    """
+    if beta == 0 or is_peft_model(policy):
+        return None
+    reference = load_policy(model, init_kwargs) if isinstance(model, str) else copy.deepcopy(policy)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+@contextlib.contextmanager
+def reference_mode(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
+    """Yield the module to compute reference log-probs with."""
+    if reference is not None:
+        yield reference
+        return
+    if not is_peft_model(policy):
+        raise RuntimeError("no reference model: beta > 0 needs one, or a PEFT policy with adapters to disable")
+    with policy.disable_adapter():  # type: ignore[operator]
+        yield policy
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

@@ -1,0 +1,160 @@
+"""Named algorithm presets and the printout of the resolved formula.
+
+A preset fills the algorithm knobs of :class:`rloo.config.RLOOConfig` that the user left
+unset (``None``); a field set explicitly wins, and :func:`describe_algorithm` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Every knob a preset may set. Each preset sets all of them, so the resolved algorithm
+# never depends on which preset was the default.
+PRESET_KEYS: tuple[str, ...] = (
+    "advantage_estimator",
+    "normalize_advantages",
+    "kl_estimator",
+    "kl_placement",
+    "ratio_level",
+    "loss_aggregation",
+    "epsilon",
+    "epsilon_high",
+    "clip_ratio",
+    "beta",
+    "mask_truncated_completions",
+)
+
+_TRL: dict[str, Any] = {
+    "advantage_estimator": "rloo",
+    "normalize_advantages": False,
+    "kl_estimator": "k1",
+    "kl_placement": "reward",
+    "ratio_level": "sequence",
+    "loss_aggregation": "seq_mean_token_sum",
+    "epsilon": 0.2,
+    "epsilon_high": 0.2,
+    "clip_ratio": True,
+    "beta": 0.05,
+    "mask_truncated_completions": False,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # TRL 1.13's RLOOTrainer: k1 KL summed into the reward, leave-one-out, one sequence-level
+    # ratio clipped per completion, token sum, mean over completions.
+    "trl": _TRL,
+    # Ahmadian et al. 2024: the same estimator, plain REINFORCE on the whole sequence.
+    "rloo_paper": {**_TRL, "clip_ratio": False},
+    # REINFORCE++ (Hu 2025): batch-normalized rewards, per-token ratio, k2 KL in the loss.
+    "reinforce_pp": {
+        **_TRL,
+        "advantage_estimator": "reinforce_pp",
+        "kl_estimator": "k2",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "token_mean",
+    },
+    # REINFORCE++-baseline: group-mean baseline, batch std scaling.
+    "reinforce_pp_baseline": {
+        **_TRL,
+        "advantage_estimator": "reinforce_pp_baseline",
+        "kl_estimator": "k2",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "token_mean",
+    },
+    # GRPO (Shao et al. 2024): group-normalized advantages, per-token ratio, k3 KL in the loss.
+    "grpo": {
+        **_TRL,
+        "advantage_estimator": "grpo",
+        "kl_estimator": "k3",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "seq_mean_token_mean",
+        "beta": 0.04,
+    },
+    # Dr. GRPO (Liu et al. 2025): no std scaling, no length normalization.
+    "dr_grpo": {
+        **_TRL,
+        "advantage_estimator": "group_mean",
+        "kl_estimator": "k3",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "seq_mean_token_sum_norm",
+        "beta": 0.0,
+    },
+    # DAPO (Yu et al. 2025): clip-higher, token-level loss, no KL, overlong filtering.
+    "dapo": {
+        **_TRL,
+        "advantage_estimator": "grpo",
+        "kl_estimator": "k3",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "token_mean",
+        "epsilon_high": 0.28,
+        "beta": 0.0,
+        "mask_truncated_completions": True,
+    },
+}
+
+_ADVANTAGE_FORMULAS = {
+    "rloo": "A_i = R_i - 1/(K-1) sum_{j!=i} R_j",
+    "grpo": "A_i = (R_i - mean_group R) / (std_group R + 1e-4)",
+    "group_mean": "A_i = R_i - mean_group R",
+    "reinforce": "A_i = R_i",
+    "reinforce_pp": "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)",
+    "reinforce_pp_baseline": "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)",
+}
+_AGGREGATION_FORMULAS = {
+    "token_mean": "sum_i S_i / sum_i |o_i|",
+    "seq_mean_token_mean": "1/N sum_i S_i / |o_i|",
+    "seq_mean_token_sum": "1/N sum_i S_i",
+    "seq_mean_token_sum_norm": "1/(N T_max) sum_i S_i",
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """The resolved algorithm knobs; the trainer reads these, never the preset name."""
+
+    advantage_estimator: str
+    normalize_advantages: bool
+    kl_estimator: str
+    kl_placement: str
+    ratio_level: str
+    loss_aggregation: str
+    epsilon: float
+    epsilon_high: float
+    clip_ratio: bool
+    beta: float
+    mask_truncated_completions: bool
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """``(eps_low, eps_high)``; infinite when clipping is off."""
+        return (self.epsilon, self.epsilon_high) if self.clip_ratio else (float("inf"), float("inf"))
+
+
+def describe_algorithm(preset: str, spec: AlgorithmSpec, overrides: dict[str, tuple[Any, Any]]) -> str:
+    """Human-readable formula of the resolved algorithm, with the explicit overrides."""
+    kl = f"beta * sum_t {spec.kl_estimator}_t" if spec.beta else "0 (beta = 0, no reference model)"
+    reward = "R_i = r_i" + (f" - {kl}" if spec.beta and spec.kl_placement == "reward" else "")
+    if spec.ratio_level == "sequence":
+        ratio = "rho_i = exp(sum_t log pi_t - log pi_old_t), one per completion"
+    else:
+        ratio = "rho_it = exp(log pi_t - log pi_old_t), one per token"
+    clip = f"clip(rho, 1-{spec.epsilon}, 1+{spec.epsilon_high})" if spec.clip_ratio else "rho (no clipping)"
+    in_loss = f" + {kl}" if spec.beta and spec.kl_placement == "loss" else ""
+    lines = [
+        f"algorithm (preset {preset!r}):",
+        f"  reward     {reward}",
+        f"  advantage  {_ADVANTAGE_FORMULAS[spec.advantage_estimator]}"
+        + ("; then batch-whitened" if spec.normalize_advantages else ""),
+        f"  ratio      {ratio}",
+        f"  per action l = -min(rho A, {clip} A){in_loss}",
+        f"  loss       {spec.loss_aggregation}: {_AGGREGATION_FORMULAS[spec.loss_aggregation]}"
+        + (", truncated completions masked" if spec.mask_truncated_completions else ""),
+    ]
+    for key, (value, preset_value) in sorted(overrides.items()):
+        lines.append(f"  explicit   {key}={value!r} wins over the preset's {preset_value!r}")
+    return "\n".join(lines)

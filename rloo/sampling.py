@@ -1,0 +1,88 @@
+"""Next-token sampling: logits processors and one fused sampling step. Pure torch.
+
+The processors follow ``transformers``' order and semantics: repetition penalty, then
+temperature, top-k, top-p, min-p. The log-probability recorded for a sampled token is
+``log_softmax(logits / temperature)`` *before* the penalty and the truncations: the same
+quantity the trainer's forward pass computes (TRL does the same), so it can serve as the
+sampling policy's log-prob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling knobs; the defaults sample from the unmodified distribution."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+
+def apply_repetition_penalty(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
+    """CTRL's penalty on every token in ``history``: ``z/p`` if ``z > 0`` else ``z*p``.
+
+    logits: ``(B, V)``; history: ``(B, L)`` token ids seen so far (prompt + generated).
+    """
+    if penalty == 1.0:
+        return logits
+    seen = torch.gather(logits, 1, history)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, history, seen)
+
+
+def apply_top_k(logits: Tensor, top_k: int) -> Tensor:
+    """Keep the ``top_k`` largest logits per row (ties at the threshold kept); 0 disables."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    threshold = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < threshold, -torch.inf)
+
+
+def apply_top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # drop a token when the tokens ranked before it already reach top_p (the first always stays)
+    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, -torch.inf)
+
+
+def apply_min_p(logits: Tensor, min_p: float | None) -> Tensor:
+    """Drop tokens with ``p < min_p * max_p``; None or 0 disables."""
+    if not min_p:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, -torch.inf)
+
+
+def sample_next_token(
+    logits: Tensor, history: Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Sample one token per row.
+
+    Args:
+        logits: ``(B, V)`` raw next-token logits. history: ``(B, L)`` ids seen so far.
+
+    Returns:
+        ``(tokens (B,), logprobs (B,))`` with ``logprobs = log_softmax(logits / T)[token]``.
+    """
+    logits = logits.float()
+    scaled = logits / params.temperature
+    processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
+    processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
+    probs = torch.softmax(processed, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, logprobs

@@ -1,0 +1,88 @@
+"""Tiny, deterministic, offline models and tokenizers for tests, the demo and benchmarks.
+
+Nothing here downloads: the tokenizer is built with the ``tokenizers`` library (one token
+per character), the model is a random-init Llama. Llama is used on purpose: in
+transformers 5 a folder saved as another architecture (e.g. Qwen2) may load that model's
+own tokenizer class instead of ours and silently change tokenization.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+DEFAULT_CHARS = string.ascii_letters + string.digits + " +-=*/?.,:;!()<>[]{}'\"\n"
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+# A minimal chat template: enough for conversational prompts in tests and the demo.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def build_char_tokenizer(chars: str = DEFAULT_CHARS, with_pad: bool = True) -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per character of ``chars`` plus the special tokens.
+
+    Text made of ``chars`` round-trips exactly through encode/decode. With
+    ``with_pad=False`` it has no pad token (to test the pad = eos fallback).
+    """
+    unique = list(dict.fromkeys(chars))
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *unique])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>" if with_pad else None,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_llama(
+    vocab_size: int,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_positions: int = 512,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+) -> LlamaForCausalLM:
+    """A random-init Llama causal LM, deterministic for a given ``seed``."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+    )
+    if tokenizer is not None:
+        config.pad_token_id = tokenizer.pad_token_id
+        config.bos_token_id = tokenizer.bos_token_id
+        config.eos_token_id = tokenizer.eos_token_id
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def save_tiny_model(directory: str | Path, chars: str = DEFAULT_CHARS, **model_kwargs: int) -> Path:
+    """Write a tiny Llama and its character tokenizer to ``directory`` (a local "hub id")."""
+    path = Path(directory)
+    tokenizer = build_char_tokenizer(chars)
+    model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

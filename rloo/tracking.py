@@ -1,0 +1,111 @@
+"""Where metrics go: the trainer state's history, ``metrics.jsonl``, optional sinks, callbacks.
+
+Callbacks are plain objects with any of these methods (all optional):
+``on_train_begin(trainer)``, ``on_step_end(trainer)``, ``on_log(trainer, logs)``,
+``on_save(trainer, path)``, ``on_train_end(trainer)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainerState:
+    """Progress of a run; saved in every checkpoint."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    num_input_tokens_seen: int = 0
+    num_groups_seen: int = 0
+    log_history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainerState:
+        return cls(**values)
+
+
+def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the steps in ``window`` (NaN values ignored)."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for metrics in window:
+        for key, value in metrics.items():
+            if value is not None and not math.isnan(value):
+                sums[key] += value
+                counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+class MetricsSink:
+    """Writes logs to ``metrics.jsonl`` and to TensorBoard / W&B when asked for."""
+
+    def __init__(self, output_dir: Path, report_to: list[str], run_config: dict[str, Any]) -> None:
+        self.path = output_dir / "metrics.jsonl"
+        self._writers: list[Any] = []
+        if "tensorboard" in report_to:
+            self._writers.append(_tensorboard_writer(output_dir))
+        if "wandb" in report_to:
+            self._writers.append(_wandb_run(output_dir, run_config))
+
+    def rewrite(self, history: list[dict[str, float]]) -> None:
+        """Replace ``metrics.jsonl`` with ``history`` (after resuming from a checkpoint)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in history))
+
+    def write(self, logs: dict[str, float]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(logs) + "\n")
+        step = int(logs["step"])
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                for key, value in logs.items():
+                    if key != "step":
+                        writer.add_scalar(key, value, step)
+                writer.flush()
+            else:
+                writer.log({k: v for k, v in logs.items() if k != "step"}, step=step)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            if hasattr(writer, "close"):
+                writer.close()
+            elif hasattr(writer, "finish"):
+                writer.finish()
+
+
+def _tensorboard_writer(output_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ValueError("report_to includes 'tensorboard' but it is not installed: pip install tensorboard") from err
+    return SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+
+
+def _wandb_run(output_dir: Path, run_config: dict[str, Any]) -> Any:
+    import os
+
+    try:
+        import wandb
+    except ImportError as err:
+        raise ValueError("report_to includes 'wandb' but it is not installed: pip install wandb") from err
+    # without credentials (e.g. no network) W&B runs offline and can be synced later
+    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    return wandb.init(dir=str(output_dir), config=run_config, mode=mode)
+
+
+def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
+    for callback in callbacks:
+        method = getattr(callback, event, None)
+        if method is not None:
+            method(*args)

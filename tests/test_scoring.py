@@ -1,0 +1,360 @@
+"""Reward functions and reward models -> the (N, F) score tensor."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedModel, PreTrainedTokenizerFast
+
+from rloo.scoring import (
+    RewardFunc,
+    RewardModelScorer,
+    RewardScores,
+    compute_rewards,
+    load_reward_funcs,
+    reward_func_names,
+)
+from rloo.tiny import build_char_tokenizer
+
+PROMPTS = ["1+1=", "1+1=", "2+2="]
+COMPLETIONS = ["2", "3", "4"]
+COMPLETION_IDS = [[10], [11], [12]]
+COLUMNS = {"answer": ["2", "2", "4"]}
+
+
+def exact_match(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def length(completions: list[str], **kwargs: Any) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+def score(funcs: list[Any], **overrides: Any) -> RewardScores:
+    kwargs: dict[str, Any] = {
+        "prompts": PROMPTS,
+        "completions": COMPLETIONS,
+        "completion_ids": COMPLETION_IDS,
+        "columns": COLUMNS,
+    }
+    return compute_rewards(funcs, **{**kwargs, **overrides})
+
+
+# ---------------------------------------------------------------------------- names
+
+
+class Scorer:
+    def __call__(self, completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+
+def test_names_use_dunder_name_partial_and_class_and_deduplicate() -> None:
+    funcs: list[RewardFunc] = [exact_match, functools.partial(length), Scorer(), exact_match, length, exact_match]
+    assert reward_func_names(funcs) == [
+        "exact_match",
+        "length",
+        "Scorer",
+        "exact_match_2",
+        "length_2",
+        "exact_match_3",
+    ]
+
+
+def test_names_skip_a_suffix_already_taken() -> None:
+    def exact_match_2(**kwargs: Any) -> list[float]:
+        return []
+
+    assert reward_func_names([exact_match_2, exact_match, exact_match]) == [
+        "exact_match_2",
+        "exact_match",
+        "exact_match_3",
+    ]
+
+
+# ---------------------------------------------------------------------------- compute_rewards
+
+
+def test_values_are_stacked_per_function_and_receive_every_argument() -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(**kwargs: Any) -> list[float]:
+        seen.update(kwargs)
+        return [0.5, -1.0, 2.0]
+
+    out = score([exact_match, spy, length], trainer_state={"global_step": 7})
+    expected = torch.tensor([[1.0, 0.5, 1.0], [0.0, -1.0, 1.0], [1.0, 2.0, 1.0]])
+    torch.testing.assert_close(out.values, expected, rtol=0, atol=0)
+    assert out.values.dtype == torch.float32 and out.nonfinite_counts == [0, 0, 0]
+    assert seen == {
+        "prompts": PROMPTS,
+        "completions": COMPLETIONS,
+        "completion_ids": COMPLETION_IDS,
+        "answer": ["2", "2", "4"],
+        "trainer_state": {"global_step": 7},
+    }
+
+
+def test_none_becomes_nan_and_nonfinite_values_are_counted() -> None:
+    def partial_cover(**kwargs: Any) -> list[float | None]:
+        return [None, 1.0, None]
+
+    def broken(**kwargs: Any) -> list[float]:
+        return [math.nan, math.inf, -3.0]
+
+    def overflow(**kwargs: Any) -> list[float]:
+        return [1e39, 0.0, True]  # 1e39 is inf in float32; True counts as 1.0
+
+    out = score([partial_cover, broken, overflow])
+    nan = math.nan
+    expected = torch.tensor([[nan, nan, nan], [1.0, nan, 0.0], [nan, -3.0, 1.0]])
+    torch.testing.assert_close(out.values, expected, rtol=0, atol=0, equal_nan=True)
+    assert out.nonfinite_counts == [0, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        (1.0, 2.0, 3.0),
+        torch.tensor([1.0, 2.0, 3.0]),
+        np.array([1.0, 2.0, 3.0]),
+        [np.float32(1.0), 2, torch.tensor(3.0)],
+    ],
+)
+def test_tuples_tensors_arrays_and_numpy_scalars_are_accepted(result: Any) -> None:
+    out = score([lambda **kwargs: result])
+    torch.testing.assert_close(out.values, torch.tensor([[1.0], [2.0], [3.0]]), rtol=0, atol=0)
+
+
+def test_custom_names_are_used_in_messages() -> None:
+    with pytest.raises(ValueError, match="reward function `mine` returned 1 values for 3 completions"):
+        score([lambda **kwargs: [1.0]], names=["mine"])
+    with pytest.raises(ValueError, match="got 2 names for 1 reward functions"):
+        score([length], names=["a", "b"])
+
+
+def test_wrong_length_names_the_function() -> None:
+    def short(**kwargs: Any) -> list[float]:
+        return [1.0, 2.0]
+
+    with pytest.raises(ValueError, match="reward function `short` returned 2 values for 3 completions"):
+        score([short])
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (0.5, r"reward function `f` returned a float; return a list with one float \(or None\)"),
+        ({"a": 1}, "reward function `f` returned a dict"),
+        (torch.ones(3, 1), r"returned an array of shape \(3, 1\); return one value per completion"),
+        ([1.0, "0.5", 2.0], r"returned '0\.5' \(str\) at row 1; expected a real number, or None"),
+        ([1.0, 2.0, 1j], r"returned 1j \(complex\) at row 2"),
+        ([[1.0], [2.0], [3.0]], r"returned \[1\.0\] \(list\) at row 0"),
+    ],
+)
+def test_invalid_results_are_explained(result: Any, message: str) -> None:
+    def f(**kwargs: Any) -> Any:
+        return result
+
+    with pytest.raises(ValueError, match=message):
+        score([f])
+
+
+def test_exceptions_are_wrapped_with_the_function_name() -> None:
+    def flaky(**kwargs: Any) -> list[float]:
+        raise KeyError("answer")
+
+    with pytest.raises(
+        RuntimeError, match=r"reward function `flaky` failed on a batch of 3 completions: KeyError: 'answer'"
+    ) as info:
+        score([length, flaky])
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_missing_kwargs_gets_a_hint() -> None:
+    def strict(prompts: list[str], completions: list[str]) -> list[float]:
+        return [0.0] * len(completions)
+
+    with pytest.raises(RuntimeError, match=r"`strict` failed.*accept them with \*\*kwargs"):
+        score([strict])
+
+
+def test_inputs_are_checked() -> None:
+    with pytest.raises(ValueError, match="`answer` has 2 values for 3 completions"):
+        score([length], columns={"answer": ["2", "4"]})
+    with pytest.raises(ValueError, match="`prompts` has 1 values for 3 completions"):
+        score([length], prompts=["x"])
+    with pytest.raises(ValueError, match=r"dataset column\(s\) completions clash with reward function arguments"):
+        score([length], columns={"completions": ["a", "b", "c"]})
+
+
+def test_no_functions_gives_an_empty_matrix() -> None:
+    out = score([])
+    assert out.values.shape == (3, 0) and out.nonfinite_counts == []
+
+
+# ---------------------------------------------------------------------------- async
+
+
+async def slow_one(completions: list[str], **kwargs: Any) -> list[float]:
+    await asyncio.sleep(0.2)
+    return [1.0] * len(completions)
+
+
+class SlowTwo:
+    async def __call__(self, completions: list[str], **kwargs: Any) -> list[float | None]:
+        await asyncio.sleep(0.2)
+        return [None, 2.0, None]
+
+
+def test_async_functions_run_concurrently_in_order_of_results() -> None:
+    start = time.perf_counter()
+    out = score([slow_one, length, SlowTwo()])
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.35, f"two 0.2 s async reward functions took {elapsed:.2f} s: not concurrent"
+    nan = math.nan
+    expected = torch.tensor([[1.0, 1.0, nan], [1.0, 1.0, 2.0], [1.0, 1.0, nan]])
+    torch.testing.assert_close(out.values, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_async_inside_a_running_event_loop() -> None:
+    async def caller() -> RewardScores:
+        # A notebook or async server: this thread's loop is busy, so a fresh thread runs them.
+        return score([slow_one, SlowTwo()])
+
+    start = time.perf_counter()
+    out = asyncio.run(caller())
+    assert time.perf_counter() - start < 0.35
+    assert out.values[:, 0].tolist() == [1.0, 1.0, 1.0]
+    assert out.values[1, 1].item() == 2.0
+
+
+def test_async_exceptions_are_wrapped() -> None:
+    async def remote_judge(**kwargs: Any) -> list[float]:
+        await asyncio.sleep(0)
+        raise ConnectionError("judge unreachable")
+
+    with pytest.raises(RuntimeError, match="`remote_judge` failed on a batch of 3 completions: Connection") as info:
+        score([slow_one, remote_judge])
+    assert isinstance(info.value.__cause__, ConnectionError)
+
+
+def test_sync_function_returning_a_coroutine_is_awaited() -> None:
+    out = score([lambda **kwargs: slow_one(**kwargs)])
+    assert out.values[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------- reward models
+
+
+def tiny_reward_model(tokenizer: PreTrainedTokenizerFast, pad: bool = True) -> LlamaForSequenceClassification:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id if pad else None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForSequenceClassification(config).eval()
+
+
+def manual_scores(model: PreTrainedModel, tokenizer: Any, texts: list[str]) -> torch.Tensor:
+    """One unpadded forward per text: the reference for the batched, padded scorer."""
+    scores = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            scores.append(model(input_ids=ids).logits[0, 0])
+    return torch.stack(scores)
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-rm"
+    tokenizer = build_char_tokenizer()
+    tiny_reward_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_reward_model_by_path_matches_a_manual_forward(reward_model_dir: Path) -> None:
+    funcs = load_reward_funcs([str(reward_model_dir), length])
+    assert isinstance(funcs[0], RewardModelScorer)
+    assert reward_func_names(funcs) == ["tiny-rm", "length"]
+    prompts = ["1+1=", "What is 12*3?", "a"]
+    completions = ["2", "36, I think", "bcd"]
+    out = compute_rewards(funcs, prompts=prompts, completions=completions, completion_ids=[[]] * 3, columns={})
+    assert out.values.shape == (3, 2)
+    texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+    expected = manual_scores(funcs[0].model, funcs[0].tokenizer, texts)
+    torch.testing.assert_close(out.values[:, 0], expected, rtol=1e-5, atol=1e-5)
+    assert out.values[:, 0].unique().numel() == 3  # not a constant model
+
+
+def test_reward_model_micro_batches_agree(reward_model_dir: Path) -> None:
+    whole = RewardModelScorer(reward_model_dir)
+    small = RewardModelScorer(reward_model_dir, batch_size=2).to("cpu")
+    prompts, completions = ["ab", "c", "defgh"], ["x", "yy", "z"]
+    assert small(prompts, completions) == pytest.approx(whole(prompts, completions), abs=1e-5)
+
+
+def test_reward_model_conversational_uses_the_chat_template() -> None:
+    tokenizer = build_char_tokenizer()
+    scorer = RewardModelScorer(tiny_reward_model(tokenizer), tokenizer)
+    prompts = [[{"role": "user", "content": "Hi?"}]]
+    completions = [[{"role": "assistant", "content": "Hello."}]]
+    assert scorer.texts(prompts, completions) == ["<user>Hi?\n<assistant>Hello.\n"]
+    expected = manual_scores(scorer.model, tokenizer, ["<user>Hi?\n<assistant>Hello.\n"])
+    assert scorer(prompts, completions) == pytest.approx(expected.tolist(), abs=1e-5)
+    tokenizer.chat_template = None
+    assert scorer.texts(prompts, completions) == ["Hi?\nHello."]
+
+
+def test_reward_model_without_pad_token_falls_back_to_eos() -> None:
+    tokenizer = build_char_tokenizer(with_pad=False)
+    model = tiny_reward_model(tokenizer, pad=False)
+    (scorer,) = load_reward_funcs(model, tokenizer)
+    assert isinstance(scorer, RewardModelScorer)
+    assert tokenizer.pad_token == "</s>" and model.config.pad_token_id == tokenizer.eos_token_id
+    texts = ["a", "abcdef"]
+    expected = manual_scores(model, tokenizer, texts)
+    assert scorer(texts, ["", ""]) == pytest.approx(expected.tolist(), abs=1e-5)
+    assert scorer.__name__ == "LlamaForSequenceClassification"  # built in memory: no path
+
+
+def test_reward_model_instance_needs_its_tokenizer() -> None:
+    model = tiny_reward_model(build_char_tokenizer())
+    with pytest.raises(ValueError, match="pass its tokenizer in reward_processing_classes at position 1"):
+        load_reward_funcs([length, model])
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        RewardModelScorer(model)
+
+
+# ---------------------------------------------------------------------------- load_reward_funcs
+
+
+def test_load_reward_funcs_passes_callables_through() -> None:
+    assert load_reward_funcs(length) == [length]
+    scorer = Scorer()
+    assert load_reward_funcs([length, slow_one, scorer]) == [length, slow_one, scorer]
+
+
+def test_load_reward_funcs_rejects_bad_items() -> None:
+    with pytest.raises(ValueError, match=r"reward function 1 is a int; give a callable, a reward model path"):
+        load_reward_funcs([length, 3])
+    with pytest.raises(ValueError, match="give at least one reward function"):
+        load_reward_funcs([])
+    with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward functions"):
+        load_reward_funcs([length, length], [None])

@@ -1,0 +1,327 @@
+"""End-to-end runs of RLOOTrainer on tiny random-init Llama models (offline, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
+
+CHARS = "0123456789+= "
+TRL_METRICS = [
+    "reward",
+    "reward_std",
+    "rewards/frac7/mean",
+    "rewards/frac7/std",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "advantages/mean",
+    "advantages/std",
+    "frac_reward_zero_std",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "num_tokens",
+    "timing/generate",
+    "timing/score",
+    "timing/reference",
+    "timing/train",
+    "tokens_per_second",
+]
+
+
+def make_tokenizer() -> Any:
+    return build_char_tokenizer(CHARS)
+
+
+def make_model(tokenizer: Any, seed: int = 0) -> Any:
+    return build_tiny_llama(len(tokenizer), tokenizer=tokenizer, seed=seed)
+
+
+def dataset(n: int = 40) -> list[dict[str, Any]]:
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)][:n]
+
+
+def frac7(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """Share of completion tokens that are the character '7' (token id looked up once)."""
+    seven = make_tokenizer().convert_tokens_to_ids("7")
+    return [sum(t == seven for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
+    values: dict[str, Any] = {
+        "output_dir": str(tmp_path / "run"),
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "learning_rate": 1e-2,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "save_steps": 1000,
+        "seed": 0,
+    }
+    values.update(overrides)
+    return RLOOConfig(**values)
+
+
+def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overrides: Any) -> RLOOTrainer:
+    tok = make_tokenizer()
+    return RLOOTrainer(
+        model=make_model(tok),
+        reward_funcs=reward_funcs,
+        args=config(tmp_path, **overrides),
+        train_dataset=data if data is not None else dataset(),
+        processing_class=tok,
+    )
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_one_step_changes_parameters_and_logs_every_metric(tmp_path: Path) -> None:
+    t = trainer(tmp_path, max_steps=1, beta=0.05)
+    before = params(t.unwrapped_model)
+    t.train()
+    after = params(t.unwrapped_model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    logged = t.state.log_history[-1]
+    missing = [m for m in TRL_METRICS if m not in logged]
+    assert not missing, missing
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == 1
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_rloo_learns_a_trivial_task(tmp_path: Path) -> None:
+    """Reward = share of '7' tokens; starts near 1/17 and must rise clearly."""
+    t = trainer(tmp_path, max_steps=20, per_device_train_batch_size=32, logging_steps=5, beta=0.0)
+    t.train()
+    rewards = [h["reward"] for h in t.state.log_history if "reward" in h]
+    assert rewards[0] < 0.2
+    assert rewards[-1] > 0.4, rewards
+
+
+def test_beta_zero_loads_no_reference(tmp_path: Path) -> None:
+    assert trainer(tmp_path, beta=0.0).ref_model is None
+    t = trainer(tmp_path, beta=0.1)
+    assert t.ref_model is not None
+    assert all(not p.requires_grad for p in t.ref_model.parameters())
+
+
+def test_same_seed_gives_identical_parameters(tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        t = trainer(tmp_path / name, max_steps=3, beta=0.05)
+        t.train()
+        runs.append(params(t.unwrapped_model))
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> None:
+    t = trainer(tmp_path, max_steps=4, num_iterations=2, learning_rate=5e-2, epsilon=0.05)
+    seen: list[Any] = []
+    original = t._update
+
+    def spy(batch: Any) -> None:
+        seen.append(batch.old_logprobs)
+        original(batch)
+
+    t._update = spy  # type: ignore[method-assign]
+    t.train()
+    assert seen and all(old is not None for old in seen)
+    clipped = [h["clip_ratio/region_mean"] for h in t.state.log_history]
+    # the first pass over a batch has ratio 1; the second one moves and gets clipped
+    assert max(clipped) > 0
+
+
+def test_conversational_prompts_and_extra_columns_reach_reward(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def spy_reward(prompts: list[Any], completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+        calls.append({"prompts": prompts, "completions": completions, "answer": answer, **kwargs})
+        return [float(len(c[0]["content"])) for c in completions]
+
+    data = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}], "answer": str(2 * a)} for a in range(8)]
+    t = trainer(tmp_path, reward_funcs=spy_reward, data=data, max_steps=1)
+    t.train()
+    call = calls[0]
+    assert call["completions"][0][0]["role"] == "assistant"
+    assert isinstance(call["prompts"][0], list)
+    # the 4 completions of a prompt are consecutive and carry that prompt's answer
+    for i in range(0, 8, 4):
+        assert len(set(call["answer"][i : i + 4])) == 1
+        assert call["answer"][i] == str(2 * int(call["prompts"][i][0]["content"][0]))
+    assert "trainer_state" in call and "completion_ids" in call
+
+
+def test_none_rewards_are_ignored(tmp_path: Path) -> None:
+    def half_none(completion_ids: list[list[int]], **kwargs: Any) -> list[float | None]:
+        return [None if i % 4 == 0 else 1.0 for i in range(len(completion_ids))]
+
+    t = trainer(tmp_path, reward_funcs=[half_none, frac7], reward_weights=[1.0, 0.0], max_steps=1)
+    t.train()
+    logs = t.state.log_history[-1]
+    assert logs["rewards/half_none/mean"] == 1.0
+    assert logs["rewards/unscorable"] == 0.0  # frac7 still applies to every row
+
+    def all_none(completion_ids: list[list[int]], **kwargs: Any) -> list[float | None]:
+        return [None if i % 4 == 0 else float(i % 3) for i in range(len(completion_ids))]
+
+    t = trainer(tmp_path / "b", reward_funcs=all_none, max_steps=1)
+    t.train()
+    assert t.state.log_history[-1]["rewards/unscorable"] == 2.0
+
+
+def test_model_and_tokenizer_from_local_folder_without_pad_token(tmp_path: Path) -> None:
+    folder = save_tiny_model(tmp_path / "model", chars=CHARS)
+    tok = build_char_tokenizer(CHARS, with_pad=False)
+    tok.save_pretrained(folder)
+    t = RLOOTrainer(model=str(folder), reward_funcs=frac7, args=config(tmp_path, max_steps=1), train_dataset=dataset())
+    assert t.processing_class.pad_token == t.processing_class.eos_token
+    assert t.processing_class.decode(t.processing_class("12+3=")["input_ids"]) == "12+3="
+    t.train()
+
+
+def test_reward_model_as_reward(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tok = make_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    t = trainer(tmp_path, reward_funcs=[str(tmp_path / "rm")], max_steps=1)
+    t.train()
+    assert "rewards/rm/mean" in t.state.log_history[-1]
+
+
+def test_lora_trains_only_adapters_and_reference_is_the_base(tmp_path: Path) -> None:
+    from peft import LoraConfig
+
+    tok = make_tokenizer()
+    base = make_model(tok)
+    base_copy = make_model(tok)
+    t = RLOOTrainer(
+        model=base,
+        reward_funcs=frac7,
+        args=config(tmp_path, max_steps=2, beta=0.1, gradient_checkpointing=True),
+        train_dataset=dataset(),
+        processing_class=tok,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    assert t.ref_model is None
+    before = params(t.unwrapped_model)
+    t.train()
+    after = params(t.unwrapped_model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)
+    # with adapters disabled the policy computes exactly the base model's logits
+    ids = torch.tensor([tok("1+2=")["input_ids"]])
+    with t.unwrapped_model.disable_adapter():
+        ref_logits = t.unwrapped_model(input_ids=ids).logits
+    assert torch.allclose(ref_logits, base_copy(input_ids=ids).logits, atol=1e-6)
+    t.save_model(str(tmp_path / "adapter"))
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "adapter" / "model.safetensors").exists()
+
+
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    straight = trainer(tmp_path / "straight", max_steps=6, save_steps=3, beta=0.05)
+    straight.train()
+    checkpoint = tmp_path / "straight" / "run" / "checkpoint-3"
+    assert checkpoint.is_dir()
+
+    resumed = trainer(tmp_path / "resumed", max_steps=6, save_steps=3, beta=0.05)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    a, b = params(straight.unwrapped_model), params(resumed.unwrapped_model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.state.global_step == 6
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path: Path) -> None:
+    trainer(tmp_path, max_steps=2, save_steps=1).train()
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        trainer(tmp_path, max_steps=2).train()
+    resumed = trainer(tmp_path, max_steps=3, save_steps=1)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+
+
+def test_save_total_limit_keeps_newest_checkpoints(tmp_path: Path) -> None:
+    trainer(tmp_path, max_steps=4, save_steps=1, save_total_limit=2).train()
+    names = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint"))
+    assert names == ["checkpoint-3", "checkpoint-4"]
+    assert not any(p.name.startswith("tmp-") for p in (tmp_path / "run").iterdir())
+
+
+def test_long_prompts_are_truncated_from_the_left_and_counted(tmp_path: Path) -> None:
+    data = [{"prompt": "1" * 30 + f"{a}="} for a in range(8)]
+    t = trainer(tmp_path, data=data, max_prompt_length=5, max_steps=1)
+    t.train()
+    assert t.state.log_history[-1]["prompts/truncated"] == 2.0
+
+
+def test_mask_truncated_completions_removes_their_loss(tmp_path: Path) -> None:
+    t = trainer(tmp_path, max_completion_length=3, mask_truncated_completions=True, max_steps=2)
+    batches: list[Any] = []
+    original = t._update
+
+    def spy(batch: Any) -> None:
+        batches.append(batch)
+        original(batch)
+
+    t._update = spy  # type: ignore[method-assign]
+    t.train()
+    truncated = torch.cat([b.rollout.truncated for b in batches])
+    loss_mask = torch.cat([b.loss_mask for b in batches])
+    completion_mask = torch.cat([b.rollout.completion_mask for b in batches])
+    assert truncated.any() and (~truncated).any()
+    assert loss_mask[truncated].sum() == 0
+    assert torch.equal(loss_mask[~truncated], completion_mask[~truncated])
+
+
+def test_invalid_reward_weights_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1"):
+        trainer(tmp_path, reward_weights=[1.0, 2.0])
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path: Path) -> None:
+    tok = make_tokenizer()
+    with pytest.raises(ValueError, match="train_dataset is required"):
+        RLOOTrainer(model=make_model(tok), reward_funcs=frac7, args=config(tmp_path), processing_class=tok)
+
+
+def test_evaluate_reports_eval_reward(tmp_path: Path) -> None:
+    tok = make_tokenizer()
+    t = RLOOTrainer(
+        model=make_model(tok),
+        reward_funcs=frac7,
+        args=config(tmp_path, max_steps=2, eval_steps=2),
+        train_dataset=dataset(),
+        eval_dataset=dataset(4),
+        processing_class=tok,
+    )
+    t.train()
+    assert any("eval_reward" in h for h in t.state.log_history)
