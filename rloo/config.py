@@ -120,15 +120,14 @@ class RLOOConfig:
         values = PRESETS[self.preset]
         overrides: dict[str, tuple[Any, Any]] = {}
         for key in PRESET_KEYS:
-            explicit = getattr(self, key)
+            explicit, default = getattr(self, key), values[key]
+            # an explicit epsilon without epsilon_high means a symmetric clip, as in TRL
+            if key == "epsilon_high" and "epsilon" in overrides:
+                default = self.epsilon
             if explicit is None:
-                default = values[key]
-                # an explicit epsilon without epsilon_high means a symmetric clip, as in TRL
-                if key == "epsilon_high" and "epsilon" in overrides:
-                    default = self.epsilon
                 setattr(self, key, default)
-            elif explicit != values[key]:
-                overrides[key] = (explicit, values[key])
+            elif explicit != default:
+                overrides[key] = (explicit, default)
         self.preset_overrides = overrides
         self.algorithm = AlgorithmSpec(**{key: getattr(self, key) for key in PRESET_KEYS})
 
@@ -226,23 +225,33 @@ class RLOOConfig:
             )
         if self.steps_per_generation is not None and self.steps_per_generation < 1:
             raise _fail("steps_per_generation", self.steps_per_generation, "must be >= 1")
+        # name the field the user set: generation_batch_size, else steps_per_generation
+        batch_field = "generation_batch_size" if self.generation_batch_size is not None else "steps_per_generation"
         if self.micro_batches_per_generation % self.gradient_accumulation_steps:
+            value = self.generation_batch_size or self.micro_batches_per_generation
             raise _fail(
-                "steps_per_generation",
-                self.micro_batches_per_generation,
-                f"micro-batches per generation must be a multiple of gradient_accumulation_steps "
-                f"({self.gradient_accumulation_steps}) so no optimizer step straddles two generation batches",
+                batch_field,
+                value,
+                f"micro-batches per generation ({self.micro_batches_per_generation}) must be a multiple of "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) so no optimizer step straddles "
+                "two generation batches",
             )
         if self.completions_per_generation % self.num_generations:
-            raise _fail(
-                "generation_batch_size",
-                self.completions_per_generation,
-                f"the completions per generation batch (per_device_train_batch_size x steps_per_generation "
-                f"= {self.completions_per_generation}) must be divisible by num_generations "
-                f"({self.num_generations}) so every prompt's {self.num_generations} completions are scored "
-                f"together; e.g. per_device_train_batch_size="
-                f"{self.num_generations * max(1, self.per_device_train_batch_size // self.num_generations)}",
+            raise _fail("generation_batch_size", self.completions_per_generation, self._divisibility_fix())
+
+    def _divisibility_fix(self) -> str:
+        """Why the completions of a generation batch must split into groups, and a value that works."""
+        n, k = self.completions_per_generation, self.num_generations
+        why = f"must be divisible by num_generations ({k}) so every prompt's {k} completions are scored together; "
+        if self.generation_batch_size is not None:
+            step = math.lcm(self.per_device_train_batch_size, k) * self.gradient_accumulation_steps
+            return (
+                f"the generation batch ({n} completions) {why}e.g. generation_batch_size={math.ceil(n / step) * step}"
             )
+        return (
+            f"the completions per generation batch (per_device_train_batch_size x steps_per_generation = {n}) "
+            f"{why}e.g. per_device_train_batch_size={k * max(1, self.per_device_train_batch_size // k)}"
+        )
 
     def _validate_logging(self) -> None:
         for name in ("logging_steps", "save_steps"):

@@ -91,7 +91,9 @@ def generate_rollouts(
     finished = torch.zeros(ids.shape[0] * k, dtype=torch.bool, device=device)
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
-    history = prompt_ids_k
+    # the penalty's history must skip left padding (as transformers does): fill the padding
+    # with the row's last prompt token, which is penalized once either way
+    history = torch.where(prompt_mask_k.bool(), prompt_ids_k, prompt_ids_k[:, -1:])
     for step in range(max_new_tokens):
         token, logprob = sample_next_token(logits, history, params, generator)
         token = torch.where(finished, pad_token_id, token)

@@ -13,6 +13,6 @@ settings.register_profile(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    derandomize=False,
+    derandomize=True,  # the same examples on every run: CI cannot flake on a new draw
 )
 settings.load_profile("rloo")

@@ -142,16 +142,16 @@ def test_divisibility_message_suggests_a_valid_batch_size() -> None:
         RLOOConfig(num_generations=4, per_device_train_batch_size=5)
 
 
-@pytest.mark.xfail(strict=True, reason="the suggestion ignores generation_batch_size, which must stay a multiple")
 def test_divisibility_suggestion_valid_with_generation_batch_size() -> None:
+    # 16 completions can never split into groups of 3: the fix is another generation_batch_size
     kwargs: dict[str, Any] = {"generation_batch_size": 16, "num_generations": 3}
-    with pytest.raises(ValueError, match="every prompt's") as info:
+    with pytest.raises(ValueError, match=r"every prompt's.*e\.g\. generation_batch_size=24$") as info:
         RLOOConfig(**kwargs)
-    suggested = int(re.search(r"per_device_train_batch_size=(\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
-    RLOOConfig(**{**kwargs, "per_device_train_batch_size": suggested})  # 16 % 6 != 0 -> raises
+    suggested = int(re.search(r"generation_batch_size=(\d+)$", str(info.value)).group(1))  # type: ignore[union-attr]
+    config = RLOOConfig(**{**kwargs, "generation_batch_size": suggested})
+    assert config.completions_per_generation % config.num_generations == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the micro-batch check always names steps_per_generation")
 def test_micro_batch_message_names_the_field_the_user_set() -> None:
     # the user set generation_batch_size=16 (2 micro-batches of 8) with GA=4, not steps_per_generation
     with pytest.raises(ValueError, match=r"^RLOOConfig\.generation_batch_size=16 is invalid"):
@@ -380,7 +380,6 @@ def test_to_dict_round_trip(kwargs: dict[str, Any]) -> None:
     assert RLOOConfig.from_dict(loaded).to_dict() == d
 
 
-@pytest.mark.xfail(strict=True, reason="to_dict stores resolved values, so a follower epsilon_high becomes explicit")
 def test_round_trip_keeps_preset_overrides() -> None:
     config = RLOOConfig(epsilon=0.3)
     assert RLOOConfig(**config.to_dict()).preset_overrides == config.preset_overrides

@@ -234,10 +234,6 @@ def test_greedy_with_repetition_penalty_matches_transformers_without_padding(mod
     assert not torch.equal(expected, hf_greedy(model, same_length, 12, eos=[1]))  # the penalty mattered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollout's repetition-penalty history includes left padding; transformers' generate skips it",
-)
 def test_repetition_penalty_ignores_left_padding(model: Any, prompts: list[list[int]]) -> None:
     # pad = eos (the pad-less-tokenizer fallback): with padding penalized, a row's chance to
     # stop depends on how much padding its batch gave it.
