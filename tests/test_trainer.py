@@ -325,3 +325,52 @@ def test_evaluate_reports_eval_reward(tmp_path: Path) -> None:
     )
     t.train()
     assert any("eval_reward" in h for h in t.state.log_history)
+
+
+def test_kl_in_the_loss_and_entropy_bonus_train(tmp_path: Path) -> None:
+    t = trainer(tmp_path, preset="grpo", beta=0.1, entropy_coef=0.01, max_steps=2)
+    assert t.spec.kl_placement == "loss" and t.spec.ratio_level == "token"
+    t.train()
+    logs = t.state.log_history[-1]
+    assert logs["kl"] >= 0.0  # k3 is non-negative
+    assert torch.isfinite(torch.tensor(logs["loss"]))
+
+
+def test_entropy_bonus_changes_the_update(tmp_path: Path) -> None:
+    results = []
+    for coef in (0.0, 0.5):
+        t = trainer(tmp_path / str(coef), entropy_coef=coef, max_steps=1, beta=0.0)
+        t.train()
+        results.append(params(t.unwrapped_model))
+    assert any(not torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_callbacks_see_steps_logs_and_saves(tmp_path: Path) -> None:
+    events: list[str] = []
+
+    class Recorder:
+        def on_train_begin(self, trainer: Any) -> None:
+            events.append("begin")
+
+        def on_step_end(self, trainer: Any) -> None:
+            events.append(f"step{trainer.state.global_step}")
+
+        def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+            events.append("log")
+
+        def on_save(self, trainer: Any, path: Path) -> None:
+            events.append(f"save:{Path(path).name}")
+
+        def on_train_end(self, trainer: Any) -> None:
+            events.append("end")
+
+    tok = make_tokenizer()
+    RLOOTrainer(
+        model=make_model(tok),
+        reward_funcs=frac7,
+        args=config(tmp_path, max_steps=2, save_steps=2),
+        train_dataset=dataset(),
+        processing_class=tok,
+        callbacks=[Recorder()],
+    ).train()
+    assert events == ["begin", "step1", "log", "step2", "log", "save:checkpoint-2", "end"]
