@@ -1,0 +1,430 @@
+"""Built-in reward functions, and the resolver the YAML CLI uses to name them.
+
+Every reward function has TRL's signature: it is called with keyword arguments
+``prompts``, ``completions``, ``completion_ids``, every dataset column by name and
+``trainer_state``, and returns one float per completion, or ``None`` where it does not
+apply (see :mod:`rloo.scoring`). Completions may be strings or conversations
+(``[{"role": "assistant", "content": text}]``); :func:`completion_text` turns either into
+the text that is scored.
+
+Where we depart from TRL's ``trl.rewards``:
+
+- ``accuracy_reward`` compares numbers (``7.0 == 7``, ``1,000 == 1000``, GSM8K's
+  ``#### 72``) with a regex extractor instead of ``math_verify``'s symbolic checker, so it
+  has no extra dependency; it answers ``None`` (does not apply) when the gold answer has no
+  number, where TRL skips the sample the same way.
+- Factories (``format_reward(pattern)``, ``length_reward(...)``) build named functions, so
+  the logged metric is ``rewards/format/mean`` rather than the name of a lambda.
+
+``import rloo.rewards`` stays light: transformers is loaded only by :func:`reward_model`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import math
+import numbers
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rloo.scoring import RewardFunc, RewardModelScorer
+
+Rewards = list[float | None]
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a string as is; a conversation -> the content of its last
+    ``assistant`` message (the last message if none has that role); a single message dict ->
+    its content. ``None`` content is ``""``; a list of content parts joins their ``text``."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return _content_text(completion.get("content"))
+    if isinstance(completion, Sequence):
+        if not completion:
+            return ""
+        assistant = [m for m in completion if isinstance(m, Mapping) and m.get("role") == "assistant"]
+        last = assistant[-1] if assistant else completion[-1]
+        return completion_text(last)
+    raise TypeError(
+        f"a completion is a string or a list of {{'role', 'content'}} messages, got {type(completion).__name__}"
+    )
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # multimodal parts: [{"type": "text", "text": ...}, ...]
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return str(content)
+
+
+# ---------------------------------------------------------------------------- accuracy
+
+_NUM = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
+# A sign counts only when not glued to a word or number ("10-3" is 10 and 3, not -3).
+_SIGNED = rf"(?:(?<![\w.])[-+])?(?:{_NUM})"
+_FRAC = rf"\\[dt]?frac\{{\s*({_SIGNED})\s*\}}\{{\s*({_SIGNED})\s*\}}"
+_NUMBER_TOKEN = re.compile(rf"(?:(?<![\w.])-)?{_FRAC}|({_SIGNED})")
+_SLASH_FRACTION = re.compile(rf"\s*({_SIGNED})\s*/\s*({_SIGNED})\s*")
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\{([^{}]*)\}")
+_LATEX_NOISE = re.compile(r"\\[$%!,;: ]|\\(?:left|right|circ|quad|qquad|displaystyle)\b")
+
+
+def extract_final_number(text: str) -> float | None:
+    """The final numeric answer in ``text``, or ``None`` when there is none.
+
+    - If the last ``\\boxed{`` in ``text`` is closed (nested braces allowed), only its content
+      counts, and it must be a single number: ``a/b`` or a numeric
+      ``\\frac{a}{b}`` (also ``\\dfrac``, ``\\tfrac``) is ``a / b``; ``\\text{..}`` keeps its
+      content; ``\\$``, ``\\%``, ``^\\circ``, ``\\left``/``\\right`` and spacing commands are
+      ignored; ``{,}`` is a comma. So ``\\boxed{x = 7}`` and ``\\boxed{\\$1{,}000}`` are numbers,
+      while ``\\boxed{\\frac{x}{2}}``, ``\\boxed{3\\sqrt{2}}`` and ``\\boxed{(1, 2)}`` are
+      ``None``. The text outside the box is then never used.
+    - Otherwise the last number in the text, a numeric ``\\frac{a}{b}`` counting as one.
+
+    A number is an integer or decimal with an optional ``-``/``+`` sign (a sign glued to a
+    preceding word or digit is an operator: ``10-3`` ends with 3), and thousands separated
+    by commas in groups of three (``1,000``, ``-1,234.5``). Scientific notation is not read.
+    A zero denominator gives ``None``.
+    """
+    boxed = _last_boxed(text)
+    return _last_number(text) if boxed is None else _boxed_number(boxed)
+
+
+def _boxed_number(content: str) -> float | None:
+    content = _TEXT_COMMAND.sub(r"\1", content.replace("{,}", ","))
+    content = _LATEX_NOISE.sub(" ", content)
+    slash = _SLASH_FRACTION.fullmatch(content)
+    if slash:
+        return _divide(slash.group(1), slash.group(2))
+    tokens = list(_NUMBER_TOKEN.finditer(content))
+    # A command left over (\sqrt, \pi, a non-numeric \frac) means an expression, not a number.
+    if len(tokens) != 1 or "\\" in _NUMBER_TOKEN.sub(" ", content):
+        return None
+    return _token_value(tokens[0])
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``, braces balanced; ``None`` if absent or unclosed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i]
+            depth -= 1
+    return None
+
+
+def _last_number(text: str) -> float | None:
+    tokens = list(_NUMBER_TOKEN.finditer(text))
+    return _token_value(tokens[-1]) if tokens else None
+
+
+def _token_value(token: re.Match[str]) -> float | None:
+    if token.group(3) is not None:
+        return _to_float(token.group(3))
+    value = _divide(token.group(1), token.group(2))
+    return -value if value is not None and token.group(0).startswith("-") else value
+
+
+def _to_float(token: str) -> float:
+    return float(token.replace(",", ""))
+
+
+def _divide(numerator: str, denominator: str) -> float | None:
+    bottom = _to_float(denominator)
+    return None if bottom == 0 else _to_float(numerator) / bottom
+
+
+def _gold_number(value: Any) -> float | None:
+    """The number in an ``answer`` cell (a number, or text read like a completion)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return extract_final_number(str(value))
+
+
+def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> Rewards:
+    """1.0 if the completion's final number equals the ``answer`` column's, else 0.0.
+
+    Both sides go through :func:`extract_final_number` (so ``#### 1,234``, ``\\boxed{7}``
+    and ``7.0`` all work); a numeric ``answer`` is used as is. Equal means
+    ``math.isclose(predicted, gold, rel_tol=1e-6)``. A completion with no number gets 0.0.
+    An ``answer`` that is ``None``, empty or has no number gives ``None`` (does not apply).
+    """
+    rewards: Rewards = []
+    for completion, gold_value in zip(completions, answer, strict=True):
+        gold = _gold_number(gold_value)
+        if gold is None:
+            rewards.append(None)
+            continue
+        predicted = extract_final_number(completion_text(completion))
+        rewards.append(float(predicted is not None and math.isclose(predicted, gold, rel_tol=1e-6)))
+    return rewards
+
+
+# ---------------------------------------------------------------------------- string match
+
+# Stripped from both ends when normalizing; signs, $, %, # and / are kept ("-3" != "3").
+_STRIP_CHARS = ".,;:!?\"'`()[]{}<>*_“”‘’«»"
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, collapse whitespace runs to one space, strip whitespace and the characters
+    ``.,;:!?"'`()[]{}<>*_`` and curly quotes from both ends."""
+    collapsed = " ".join(text.lower().split())
+    previous = None
+    while previous != collapsed:
+        previous = collapsed
+        collapsed = collapsed.strip(_STRIP_CHARS).strip()
+    return collapsed
+
+
+def _string_match(completions: Sequence[Any], targets: Sequence[Any], normalize: bool) -> Rewards:
+    rewards: Rewards = []
+    for completion, target in zip(completions, targets, strict=True):
+        if target is None:
+            rewards.append(None)
+            continue
+        text, gold = completion_text(completion), str(target)
+        if normalize:
+            text, gold = normalize_text(text), normalize_text(gold)
+        rewards.append(float(text == gold))
+    return rewards
+
+
+def exact_match_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> Rewards:
+    """1.0 if the whole completion equals the ``answer`` column after :func:`normalize_text`
+    on both (non-string answers are ``str()``-ed), else 0.0; ``None`` where the answer is ``None``."""
+    return _string_match(completions, answer, normalize=True)
+
+
+def string_match_reward(column: str = "answer", normalize: bool = True) -> RewardFunc:
+    """A reward named ``string_match``: 1.0 if the completion equals dataset column ``column``
+    (after :func:`normalize_text` when ``normalize``, else character for character), else 0.0;
+    ``None`` where the column's value is ``None``."""
+
+    def string_match(completions: Sequence[Any], **kwargs: Any) -> Rewards:
+        if column not in kwargs:
+            raise KeyError(f"string_match needs dataset column {column!r}; columns given: {sorted(kwargs)}")
+        return _string_match(completions, kwargs[column], normalize)
+
+    return string_match
+
+
+# ---------------------------------------------------------------------------- format and length
+
+
+def format_reward(pattern: str, flags: int = re.DOTALL) -> RewardFunc:
+    """A reward named ``format``: 1.0 if ``re.fullmatch(pattern, text.strip(), flags)``, else 0.0.
+
+    Raises ``ValueError`` naming the pattern if it is not a valid regular expression.
+    """
+    try:
+        compiled = re.compile(pattern, flags)
+    except re.error as error:
+        raise ValueError(f"format_reward: pattern {pattern!r} is not a valid regular expression: {error}") from None
+
+    def format(completions: Sequence[Any], **kwargs: Any) -> Rewards:
+        return _fullmatch_rewards(compiled, completions)
+
+    return format
+
+
+def _fullmatch_rewards(compiled: re.Pattern[str], completions: Sequence[Any]) -> Rewards:
+    return [float(compiled.fullmatch(completion_text(c).strip()) is not None) for c in completions]
+
+
+THINK_ANSWER_PATTERN = r"<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>"
+_THINK_ANSWER = re.compile(THINK_ANSWER_PATTERN, re.DOTALL)
+
+
+def think_answer_format_reward(completions: Sequence[Any], **kwargs: Any) -> Rewards:
+    """1.0 if the stripped completion is ``<think>...</think>`` then ``<answer>...</answer>``
+    (whitespace between them allowed, contents may span lines, no repeated or nested tags;
+    :data:`THINK_ANSWER_PATTERN` with ``re.DOTALL``), else 0.0."""
+    return _fullmatch_rewards(_THINK_ANSWER, completions)
+
+
+def length_reward(
+    min_words: int = 10,
+    max_words: int = 50,
+    short_penalty: float = -0.5,
+    in_range_bonus: float = 1.0,
+    sentence_bonus: float = 0.5,
+) -> RewardFunc:
+    """A reward named ``length`` preferring medium-length, complete answers.
+
+    With ``words = len(text.split())``: ``in_range_bonus`` if ``min_words <= words <= max_words``,
+    ``short_penalty`` if ``words < min_words``, 0 if longer; plus ``sentence_bonus`` if the
+    stripped text ends with ``"."``. Raises ``ValueError`` unless ``0 <= min_words <= max_words``.
+    """
+    if min_words < 0 or min_words > max_words:
+        raise ValueError(
+            f"length_reward: min_words={min_words} and max_words={max_words} are invalid; "
+            "need 0 <= min_words <= max_words"
+        )
+
+    def length(completions: Sequence[Any], **kwargs: Any) -> Rewards:
+        rewards: Rewards = []
+        for completion in completions:
+            text = completion_text(completion).strip()
+            words = len(text.split())
+            score = in_range_bonus if min_words <= words <= max_words else short_penalty if words < min_words else 0.0
+            rewards.append(score + (sentence_bonus if text.endswith(".") else 0.0))
+        return rewards
+
+    return length
+
+
+# ---------------------------------------------------------------------------- reward models
+
+
+def reward_model(path_or_model: Any, tokenizer: Any = None, batch_size: int | None = None) -> RewardModelScorer:
+    """A sequence-classification reward model as a reward function (:class:`RewardModelScorer`).
+
+    ``path_or_model`` is a local folder, hub id or ``PreTrainedModel``; ``tokenizer`` a
+    tokenizer or a path to load one from (default: the model's folder).
+    """
+    from rloo.scoring import RewardModelScorer
+
+    if isinstance(tokenizer, str | os.PathLike):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+    return RewardModelScorer(path_or_model, tokenizer, batch_size=batch_size)
+
+
+# ---------------------------------------------------------------------------- registry
+
+
+def _plain(func: Callable[..., Rewards], name: str) -> Callable[[], RewardFunc]:
+    """A parameterless factory for a plain reward function, renamed ``name`` for the metrics."""
+
+    def factory() -> RewardFunc:
+        def reward(*args: Any, **kwargs: Any) -> Rewards:
+            return func(*args, **kwargs)
+
+        reward.__name__ = reward.__qualname__ = name
+        reward.__doc__ = func.__doc__
+        return reward
+
+    factory.__name__ = name
+    return factory
+
+
+BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
+    "accuracy": _plain(accuracy_reward, "accuracy"),
+    "exact_match": _plain(exact_match_reward, "exact_match"),
+    "string_match": string_match_reward,
+    "format": format_reward,
+    "think_answer_format": _plain(think_answer_format_reward, "think_answer_format"),
+    "length": length_reward,
+    "reward_model": reward_model,
+}
+
+_IMPORT_STRING = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def resolve_reward(spec: Any) -> RewardFunc:
+    """Build a reward function from a YAML-style spec.
+
+    - a built-in name (a key of :data:`BUILTIN_REWARDS`), built with default parameters;
+    - ``{"name": <built-in>, **params}``, e.g. ``{"name": "format", "pattern": "..."}``.
+      A ``"weight"`` key is ignored here: the CLI reads it into ``reward_weights``;
+    - ``"package.module:function"``: imported and returned as is; in the dict form with
+      parameters it is a factory, called with them;
+    - a path to a local folder holding ``config.json``: a reward model (the dict form passes
+      params such as ``tokenizer`` or ``batch_size``);
+    - a callable: returned as is.
+
+    Built-in names win over a folder of the same name. Anything else raises ``ValueError``
+    listing the built-in names, with a "did you mean" suggestion.
+    """
+    if isinstance(spec, Mapping):
+        params = dict(spec)
+        params.pop("weight", None)
+        if "name" not in params:
+            raise ValueError(f"reward spec {dict(spec)!r} has no 'name'; {_choices()}")
+        return _resolve_name(params.pop("name"), params)
+    if isinstance(spec, str | os.PathLike):
+        return _resolve_name(spec, {})
+    if callable(spec):
+        return spec  # type: ignore[no-any-return]
+    raise ValueError(
+        f"reward spec {spec!r} is a {type(spec).__name__}; give a name, a dict or a callable. {_choices()}"
+    )
+
+
+def _resolve_name(name: Any, params: dict[str, Any]) -> RewardFunc:
+    if isinstance(name, str) and name in BUILTIN_REWARDS:
+        return _build(name, BUILTIN_REWARDS[name], params)
+    if isinstance(name, str) and _IMPORT_STRING.fullmatch(name):
+        target = _import(name)
+        return _build(name, target, params) if params else target
+    if isinstance(name, str | os.PathLike) and Path(name).is_dir():
+        if not (Path(name) / "config.json").is_file():
+            raise ValueError(f"reward folder {os.fspath(name)!r} has no config.json, so it is not a reward model")
+        return _build("reward_model", reward_model, {"path_or_model": os.fspath(name), **params})
+    raise ValueError(f"unknown reward {name!r}{_suggestion(name)}. {_choices()}")
+
+
+def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> RewardFunc:
+    """Call ``factory(**params)``, naming the reward and its parameters if they do not fit."""
+    try:
+        signature: inspect.Signature | None = inspect.signature(factory)
+    except (TypeError, ValueError):  # a callable without a signature checks its own arguments
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**params)
+        except TypeError as error:
+            accepted = ", ".join(signature.parameters) or "none"
+            raise ValueError(f"reward {name!r}: bad parameters {params!r} ({error}); it accepts: {accepted}") from None
+    func = factory(**params)
+    if not callable(func):
+        raise ValueError(f"reward {name!r} built a {type(func).__name__}, not a callable")
+    return func  # type: ignore[no-any-return]
+
+
+def _import(spec: str) -> RewardFunc:
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"reward {spec!r}: could not import module {module_name!r}: {error}") from error
+    for attr in attr_path.split("."):
+        if not hasattr(obj, attr):
+            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _suggestion(name: Any) -> str:
+    close = difflib.get_close_matches(str(name), BUILTIN_REWARDS, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _choices() -> str:
+    return (
+        f"Built-in rewards: {', '.join(BUILTIN_REWARDS)}; or give 'package.module:function' "
+        "or a reward model folder (with config.json)"
+    )
