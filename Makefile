@@ -26,8 +26,25 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/pytest
+
+# Debian's chromium for the headless-browser check of the HTML run report
+# (tests/test_report_browser.py, skipped without it). Installs only as root or with
+# password-less sudo; never fails the build, a fresh machine pays the apt install once.
+.PHONY: browser
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "chromium not found: install it with your package manager; the browser test is skipped"; \
+	elif [ "$$(id -u)" = 0 ] || (command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null); then \
+		as=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$as env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$$as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
+		echo "could not install chromium; the browser test is skipped"; \
+	else \
+		echo "chromium not found: run 'sudo apt-get install -y chromium'; the browser test is skipped"; \
+	fi
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

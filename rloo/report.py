@@ -1,0 +1,402 @@
+"""A one-page HTML report of a run folder: plots, warnings, sample completions, config.
+
+``build_report(run_dir)`` reads what :class:`rloo.trainer.RLOOTrainer` writes
+(``metrics.jsonl``, ``completions.jsonl``, ``config.yaml``, and ``warnings.log`` when present)
+and writes ``run_dir/report.html``: a single self-contained file (plots are base64 PNGs
+embedded in the page, no external URLs, no JS libraries) that can be mailed or archived.
+
+The only script is a few inline lines that record in ``body[data-images-ok]`` how many
+plots decoded, so a headless browser can check the page. matplotlib (Agg, without pyplot)
+loads inside the call, so ``import rloo`` stays light. The report can be built while a run
+is still writing: an unreadable (half-written) line of a JSONL file is skipped and noted.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rloo.diagnostics import Rows, diagnose, finite_series, training_rows
+
+__all__ = ["build_report", "diagnose"]
+
+SAMPLE_STEPS = 3  # completions of the last logged steps shown ...
+SAMPLE_ROWS = 20  # ... at most this many: the best and the worst half
+MAX_TEXT_CHARS = 400  # longer prompts and completions are cut with an ellipsis
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure: ``keys`` drawn as lines over steps, ``bands`` maps a mean key to its std key."""
+
+    title: str
+    keys: tuple[str, ...]
+    missing: str  # the note shown when none of ``keys`` was logged
+    bands: dict[str, str] = field(default_factory=dict)
+    log_scale: bool = False
+    from_zero: bool = False  # counts and fractions: the y axis starts at 0
+
+
+def _plots(logged: set[str]) -> list[Plot]:
+    per_function = tuple(sorted(k for k in logged if k.startswith("rewards/") and k.endswith("/mean")))
+    return [
+        Plot("Reward (mean ± std)", ("reward",), "no reward logged", {"reward": "reward_std"}),
+        Plot(
+            "Reward per function (mean ± std)",
+            per_function,
+            "no rewards/<name>/mean logged",
+            {key: key.removesuffix("/mean") + "/std" for key in per_function},
+        ),
+        Plot("KL to the reference", ("kl",), "no kl logged (it is computed only when beta > 0)"),
+        Plot("Entropy", ("entropy",), "no entropy logged"),
+        Plot(
+            "Completion length (tokens)",
+            ("completions/mean_length", "completions/min_length", "completions/max_length"),
+            "no completion lengths logged",
+            from_zero=True,
+        ),
+        Plot(
+            "Clipped ratio (hit max_completion_length)",
+            ("completions/clipped_ratio",),
+            "no clipped ratio logged",
+            from_zero=True,
+        ),
+        Plot(
+            "Clip ratios",
+            ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"),
+            "no clip ratios logged",
+            from_zero=True,
+        ),
+        Plot("Loss", ("loss",), "no loss logged"),
+        Plot("Learning rate", ("learning_rate",), "no learning_rate logged"),
+        Plot("Gradient norm (before clipping)", ("grad_norm",), "no grad_norm logged", log_scale=True),
+        Plot(
+            "Eval reward (mean ± std)",
+            ("eval_reward",),
+            "no eval_reward logged (needs eval_dataset and eval_steps)",
+            {"eval_reward": "eval_reward_std"},
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------- public entry point
+def build_report(run_dir: str | Path, output: Path | None = None) -> Path:
+    """Write the HTML report of ``run_dir`` to ``output`` (default ``run_dir/report.html``).
+
+    Raises ``ValueError`` when ``metrics.jsonl`` is missing or holds no readable log.
+    The file is written next to its destination and moved into place, so a reader never
+    sees a half-written report. Returns the report's path.
+    """
+    run = Path(run_dir)
+    output = Path(output) if output is not None else run / "report.html"
+    rows, skipped = _read_jsonl(run / "metrics.jsonl")
+    if not rows:
+        raise ValueError(
+            f"{run / 'metrics.jsonl'} is missing or empty: the run has not logged yet "
+            "(metrics are written every logging_steps optimizer steps)"
+            + (f"; {skipped} unreadable line(s) skipped" if skipped else "")
+        )
+    notes = [f"metrics.jsonl: skipped {skipped} unreadable line(s)"] if skipped else []
+    page = _page(run, rows, notes)
+    _write_atomically(output, page)
+    return output
+
+
+# ---------------------------------------------------------------------------- reading the run folder
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects with a ``step`` in ``path``, and how many lines could not be used (none if no file)."""
+    if not path.is_file():
+        return [], 0
+    rows, skipped = [], 0
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                skipped += 1
+                continue
+            if isinstance(row, dict) and _is_finite(row.get("step")):
+                rows.append(row)
+            else:
+                skipped += 1
+    return rows, skipped
+
+
+def _last_steps_completions(path: Path, num_steps: int) -> list[dict[str, Any]]:
+    """Rows of ``completions.jsonl`` from its ``num_steps`` highest steps; streamed, so memory stays small."""
+    if not path.is_file():
+        return []
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            with contextlib.suppress(json.JSONDecodeError):
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("step"), int | float):
+                    continue
+                by_step.setdefault(int(row["step"]), []).append(row)
+                if len(by_step) > num_steps:
+                    del by_step[min(by_step)]
+    return [row for step in sorted(by_step) for row in by_step[step]]
+
+
+def _read_warnings(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+
+
+def _read_config(path: Path) -> dict[str, Any] | str:
+    """The config as a mapping, or a sentence saying why there is none."""
+    if not path.is_file():
+        return "config.yaml not found in the run folder"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        return f"config.yaml could not be parsed: {err}"
+    return config if isinstance(config, dict) else "config.yaml does not hold a mapping"
+
+
+# ---------------------------------------------------------------------------- plots
+def _render_plots(rows: Rows) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(title, base64 PNG)`` for each plot with data, and a note for each without."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    logged = {key for row in rows for key, value in row.items() if _is_finite(value)}
+    images, omitted = [], []
+    for plot in _plots(logged):
+        keys = [key for key in plot.keys if key in logged]
+        if not keys:
+            omitted.append(f"{plot.title}: {plot.missing}")
+            continue
+        figure = Figure(figsize=(6.0, 3.2), dpi=100, layout="constrained")
+        FigureCanvasAgg(figure)
+        _draw(figure.add_subplot(), rows, plot, keys)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        images.append((plot.title, base64.b64encode(buffer.getvalue()).decode("ascii")))
+    return images, omitted
+
+
+def _draw(axes: Any, rows: Rows, plot: Plot, keys: list[str]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for key in keys:
+        steps, values = finite_series(rows, key)
+        marker = "o" if len(steps) <= 30 else None
+        (line,) = axes.plot(steps, values, marker=marker, markersize=3, linewidth=1.5, label=_short_label(key))
+        std_key = plot.bands.get(key)
+        if std_key is not None:
+            band = [
+                (r["step"], r[key], r[std_key]) for r in rows if _is_finite(r.get(key)) and _is_finite(r.get(std_key))
+            ]
+            if band:
+                xs, means, stds = zip(*band, strict=True)
+                lows = [m - s for m, s in zip(means, stds, strict=True)]
+                highs = [m + s for m, s in zip(means, stds, strict=True)]
+                axes.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+    axes.set_title(plot.title, fontsize=11)
+    axes.set_xlabel("step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)
+    if plot.log_scale and all(v > 0 for key in keys for v in finite_series(rows, key)[1]):
+        axes.set_yscale("log")
+    if plot.from_zero:
+        axes.set_ylim(bottom=0)
+    if len(keys) > 1:
+        axes.legend(fontsize=8, framealpha=0.7)
+
+
+def _short_label(key: str) -> str:
+    """The legend name: ``rewards/accuracy/mean`` -> ``accuracy``, ``completions/min_length`` -> ``min``."""
+    name = key.split("/", 1)[-1]
+    for suffix in ("/mean", "_mean", "_length"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------- HTML
+def _page(run: Path, rows: Rows, notes: list[str]) -> str:
+    warnings = _read_warnings(run / "warnings.log")
+    diagnostics = diagnose(rows)
+    images, omitted = _render_plots(rows)
+    completions = _last_steps_completions(run / "completions.jsonl", SAMPLE_STEPS)
+    body = "\n".join(
+        [
+            f'<header id="summary"><h1>rloo run report</h1>{_summary_table(run, rows)}</header>',
+            _warnings_section(warnings, diagnostics, notes),
+            _plots_section(images, omitted),
+            _samples_section(completions),
+            _config_section(_read_config(run / "config.yaml")),
+        ]
+    )
+    title = html.escape(f"rloo report: {run.resolve().name}")
+    return _TEMPLATE.format(title=title, style=_STYLE, body=body, script=_SCRIPT)
+
+
+def _summary_table(run: Path, rows: Rows) -> str:
+    train = training_rows(rows)
+    steps, rewards = finite_series(train, "reward")
+    items = [
+        ("run folder", str(run.resolve())),
+        ("last logged step", _fmt(max(r["step"] for r in rows))),
+        ("logged rows", str(len(rows))),
+    ]
+    if rewards:
+        best = max(range(len(rewards)), key=rewards.__getitem__)
+        items.append(("final reward", f"{_fmt(rewards[-1])} (step {_fmt(steps[-1])})"))
+        items.append(("best reward", f"{_fmt(rewards[best])} (step {_fmt(steps[best])})"))
+    eval_steps, eval_rewards = finite_series(rows, "eval_reward")
+    if eval_rewards:
+        items.append(("final eval reward", f"{_fmt(eval_rewards[-1])} (step {_fmt(eval_steps[-1])})"))
+    items.append(("report written", datetime.now().strftime("%Y-%m-%d %H:%M:%S")))
+    return _key_value_table(items, "summary")
+
+
+def _warnings_section(warnings: list[str], diagnostics: list[str], notes: list[str]) -> str:
+    items = [("warnings.log", text) for text in warnings] + [("diagnostic", text) for text in diagnostics + notes]
+    if not items:
+        return '<section id="warnings"><h2>Warnings</h2><p class="ok">No warnings.</p></section>'
+    lis = "".join(f'<li><span class="tag">{html.escape(src)}</span> {html.escape(text)}</li>' for src, text in items)
+    return f'<section id="warnings"><h2>Warnings ({len(items)})</h2><ul class="warnings">{lis}</ul></section>'
+
+
+def _plots_section(images: list[tuple[str, str]], omitted: list[str]) -> str:
+    figures = "".join(
+        f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'
+        for title, data in images
+    )
+    notes = "".join(f"<li>{html.escape(note)}</li>" for note in omitted)
+    omitted_html = f'<p>Not plotted:</p><ul class="omitted">{notes}</ul>' if omitted else ""
+    return f'<section id="plots"><h2>Metrics over steps</h2><div class="grid">{figures}</div>{omitted_html}</section>'
+
+
+def _samples_section(completions: list[dict[str, Any]]) -> str:
+    head = '<section id="samples"><h2>Sample completions</h2>'
+    if not completions:
+        return head + "<p>No completions.jsonl (or it is empty): set log_completions=True to record them.</p></section>"
+    picked = _pick_samples(completions, SAMPLE_ROWS)
+    steps = sorted({int(row["step"]) for row in completions})
+    caption = f"The best and worst rewards of steps {', '.join(map(str, steps))} ({len(picked)} of {len(completions)})."
+    cells = "".join(
+        f"<tr><td>{int(row['step'])}</td><td>{_cell_text(row.get('prompt'))}</td>"
+        f"<td>{_cell_text(row.get('completion'))}</td><td>{_fmt(row.get('reward'))}</td>"
+        f"<td>{_fmt(row.get('advantage'))}</td></tr>"
+        for row in picked
+    )
+    header = "<tr><th>step</th><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th></tr>"
+    return f'{head}<p>{caption}</p><table class="samples">{header}{cells}</table></section>'
+
+
+def _pick_samples(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` rows, the highest and the lowest rewards, best first; unscorable rows last."""
+    scored = sorted((r for r in rows if _is_finite(r.get("reward"))), key=lambda r: -float(r["reward"]))
+    unscored = [r for r in rows if not _is_finite(r.get("reward"))]
+    if len(scored) <= limit:
+        return (scored + unscored)[:limit]
+    half = limit // 2
+    return scored[: limit - half] + scored[-half:]
+
+
+def _config_section(config: dict[str, Any] | str) -> str:
+    head = '<section id="config"><h2>Config</h2>'
+    if isinstance(config, str):
+        return f"{head}<p>{html.escape(config)}</p></section>"
+    items = [(str(key), value if isinstance(value, str) else json.dumps(value)) for key, value in config.items()]
+    return head + _key_value_table(items, "config") + "</section>"
+
+
+def _key_value_table(items: list[tuple[str, str]], css_class: str) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items)
+    return f'<table class="{css_class}">{rows}</table>'
+
+
+def _cell_text(value: Any) -> str:
+    """A prompt or completion as escaped text: chat messages as ``role: content`` lines, long text cut."""
+    if isinstance(value, list):
+        value = "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value
+        )
+    text = "" if value is None else str(value)
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[: MAX_TEXT_CHARS - 1] + "…"
+    return html.escape(text)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}" if isinstance(value, int | float) else html.escape(str(value))
+
+
+# ---------------------------------------------------------------------------- writing
+def _write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(temp, 0o644)  # mkstemp makes it private; a report is for sharing
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1280px;
+       padding: 16px 24px; color: #1d2330; background: #fafbfc; }
+h1 { font-size: 22px; margin: 8px 0 12px; } h2 { font-size: 17px; margin: 28px 0 8px;
+     border-bottom: 1px solid #d8dde6; padding-bottom: 4px; }
+table { border-collapse: collapse; background: #fff; }
+th, td { border: 1px solid #d8dde6; padding: 4px 8px; text-align: left; vertical-align: top; }
+table.summary th, table.config th { background: #f0f2f6; font-weight: 600; white-space: nowrap; }
+table.config td { font-family: ui-monospace, Menlo, monospace; font-size: 12px; word-break: break-all; }
+table.samples td { font-family: ui-monospace, Menlo, monospace; font-size: 12px; white-space: pre-wrap;
+                   max-width: 520px; word-break: break-word; }
+table.samples th { background: #f0f2f6; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 12px; }
+figure { margin: 0; background: #fff; border: 1px solid #d8dde6; border-radius: 6px; padding: 4px; }
+figure img { width: 100%; height: auto; display: block; }
+ul.warnings li { margin: 4px 0; } .tag { font-size: 11px; background: #fde7c8; color: #7a4100;
+     border-radius: 4px; padding: 1px 6px; } .ok { color: #1e7b34; } ul.omitted { color: #5b6472; }
+"""
+
+# Counts the plots that decoded, for the headless-browser test; it changes nothing on the page.
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var ok = images.filter(function (img) { return img.complete && img.naturalWidth > 0; }).length;
+  document.body.dataset.imagesOk = ok + "/" + images.length;
+});
+"""
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head><meta charset="utf-8"><title>{title}</title><style>{style}</style></head>
+<body>
+{body}
+<script>{script}</script>
+</body>
+</html>
+"""
