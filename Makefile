@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rloo bandit
+	$(BIN)/rloo demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

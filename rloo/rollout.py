@@ -42,6 +42,10 @@ class Rollout:
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
 
+    def completion_id_lists(self) -> list[list[int]]:
+        """Each completion's token ids up to and including EOS, without padding."""
+        return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]
+
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Left-pad token lists to ``(B, L)``; returns ``(ids, mask)``."""

@@ -378,3 +378,9 @@ def _as_float(value: Any, name: str, row: int) -> float:
         f"reward function `{name}` returned {value!r} ({type(value).__name__}) at row {row}; "
         "expected a real number, or None where it does not apply"
     )
+
+
+def as_completions(texts: list[str], conversational: bool) -> list[Any]:
+    """What reward functions receive: the texts, or for conversational prompts one assistant
+    message per completion (``[{"role": "assistant", "content": text}]``), as in TRL."""
+    return [[{"role": "assistant", "content": t}] for t in texts] if conversational else list(texts)

@@ -69,6 +69,7 @@ from rloo.models import (
     resolve_mixed_precision,
 )
 from rloo.objective import MicroBatchInputs, micro_batch_objective
+from rloo.progress import StopRequest, TrainingProgress
 from rloo.rollout import Rollout, generate_rollouts
 from rloo.run_metrics import (
     advantage_metrics,
@@ -78,7 +79,7 @@ from rloo.run_metrics import (
     write_completions,
 )
 from rloo.sampling import SamplingParams
-from rloo.scoring import compute_rewards, load_reward_funcs, reward_func_names
+from rloo.scoring import as_completions, compute_rewards, load_reward_funcs, reward_func_names
 from rloo.tracking import MetricsSink, TrainerState, mean_metrics, run_callbacks
 from rloo.weights import load_model_weights
 
@@ -153,7 +154,11 @@ class RLOOTrainer:
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.callbacks = list(callbacks or [])
         self.output_dir = Path(args.output_dir)
+        # the full run file when built by ``rloo train``; written as config.yaml
+        self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
+        self._warned: set[str] = set()
+        self._stop = StopRequest()
 
     # ------------------------------------------------------------------ setup helpers
     def _total_steps(self) -> int:
@@ -183,12 +188,21 @@ class RLOOTrainer:
         (self.output_dir / "config.yaml").write_text(self._config_yaml())
         self._announce()
         run_callbacks(self.callbacks, "on_train_begin", self)
+        self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         try:
-            while self.state.global_step < self.state.max_steps:
-                batch = self._generate_and_score()  # phases 1-4
-                self._update(batch)  # phase 5
+            with self._stop, self.progress:
+                while self.state.global_step < self.state.max_steps and not self._stop.requested:
+                    batch = self._generate_and_score()  # phases 1-4
+                    self._update(batch)  # phase 5
         finally:
             self.sink.close()
+        if self._stop.requested:
+            path = self._save_checkpoint()
+            self.console.print(
+                f"interrupted at step {self.state.global_step}: checkpoint saved to {path}. Resume with "
+                "trainer.train(resume_from_checkpoint=True) or `rloo train CONFIG --resume`."
+            )
+            raise KeyboardInterrupt
         self.save_model(str(self.output_dir / "final"))
         run_callbacks(self.callbacks, "on_train_end", self)
         return self.state
@@ -229,6 +243,7 @@ class RLOOTrainer:
             advantages = normalize_advantages(advantages, scorable)
 
         metrics = sample.metrics
+        self._warn_about(metrics)
         metrics.update(advantage_metrics(advantages, scorable))
         metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, rollout.group_ids, scorable)
         if per_token_kl is not None:
@@ -248,6 +263,15 @@ class RLOOTrainer:
             )
         return ScoredBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
 
+    def _warn_about(self, metrics: dict[str, float]) -> None:
+        if metrics["rewards/unscorable"]:
+            self.warn("some completions got None from every reward function: they are left out of the baselines")
+        if metrics["prompts/truncated"]:
+            self.warn(f"prompts longer than max_prompt_length={self.args.max_prompt_length} are cut from the left")
+        for name in self.reward_names:
+            if metrics.get(f"rewards/{name}/nonfinite"):
+                self.warn(f"reward function `{name}` returned NaN/inf: treated as 'does not apply'")
+
     def _sample_and_score(self, dataset: Any, indices: list[int], generator: torch.Generator) -> SampledBatch:
         """Phases 1-2 for the prompts at ``indices``: K completions each, scored."""
         args, tok, k = self.args, self.processing_class, self.args.num_generations
@@ -265,13 +289,12 @@ class RLOOTrainer:
         rollout = self._rollout(tokenized.ids, group_ids, generator)
         generate_seconds = time.perf_counter() - t0
         texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        completions: list[Any] = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
-        mask = rollout.completion_mask.bool()
+        completions = as_completions(texts, conversational)
         scores = compute_rewards(
             self.reward_funcs,
             prompts=[p for p in raw_prompts for _ in range(k)],
             completions=completions,
-            completion_ids=[row[m].tolist() for row, m in zip(rollout.completion_ids, mask, strict=True)],
+            completion_ids=rollout.completion_id_lists(),
             columns=data_lib.gather_columns(dataset, indices, k),
             trainer_state=self.state,
             names=self.reward_names,
@@ -332,7 +355,7 @@ class RLOOTrainer:
         accumulation = args.gradient_accumulation_steps
         for _ in range(args.num_iterations):
             for start in range(0, len(rows), accumulation):
-                if self.state.global_step >= self.state.max_steps:
+                if self.state.global_step >= self.state.max_steps or self._stop.requested:
                     return
                 step_start = time.perf_counter()
                 update_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
@@ -408,6 +431,7 @@ class RLOOTrainer:
         )
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
         self._window.append(metrics)
+        self.progress.update(state.global_step, metrics)
         run_callbacks(self.callbacks, "on_step_end", self)
         if state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps:
             self._log(mean_metrics(self._window))
@@ -429,7 +453,18 @@ class RLOOTrainer:
         run_callbacks(self.callbacks, "on_log", self, logs)
 
     def _config_yaml(self) -> str:
-        return yaml.safe_dump(self.args.to_dict(), sort_keys=False)
+        values = self.args.to_dict() if self.run_config is None else {**self.run_config, **self.args.to_dict()}
+        return yaml.safe_dump(values, sort_keys=False)
+
+    def warn(self, message: str) -> None:
+        """Print a warning once and append it to ``output_dir/warnings.log`` (shown in the report)."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with (self.output_dir / "warnings.log").open("a") as handle:
+            handle.write(f"step {self.state.global_step}: {message}\n")
 
     def _save_checkpoint(self) -> Path:
         training_state = {
