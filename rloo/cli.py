@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out.", no_args_is_help=True)
@@ -24,7 +25,7 @@ def _root() -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # `[q_proj]` is not markup
     return typer.Exit(code)
 
 
@@ -116,6 +117,7 @@ def demo(
     eval_problems: int = typer.Option(500, help="Held-out problems to evaluate on."),
     hidden_size: int = typer.Option(128, help="Model width."),
     num_layers: int = typer.Option(2, help="Model depth."),
+    warm_start_steps: int = typer.Option(3000, help="Most supervised warm-start steps (it stops early at 40%)."),
     seed: int = typer.Option(0, help="Random seed."),
     output_dir: str = typer.Option(None, help="Run folder [default: runs/demo, or runs/demo-N if taken]."),
 ) -> None:
@@ -137,6 +139,7 @@ def demo(
         eval_problems=eval_problems,
         hidden_size=hidden_size,
         num_layers=num_layers,
+        warm_start_steps=warm_start_steps,
         seed=seed,
         output_dir=output_dir,
     )

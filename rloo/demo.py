@@ -188,6 +188,7 @@ class DemoOptions:
     prompts_per_step: int = 64
     learning_rate: float = 1e-4
     warm_start_accuracy: float = 0.40
+    warm_start_steps: int = 3000
     eval_problems: int = 500
     hidden_size: int = 128
     num_layers: int = 2
@@ -216,13 +217,16 @@ def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
     model, tokenizer = build_demo_model(options.seed, options.hidden_size, options.num_layers)
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     seconds: dict[str, float] = {}
-    log(f"1/4 warm start: supervised on the teacher's (carry-less) answers until {options.warm_start_accuracy:.0%}")
+    log(
+        f"1/4 warm start: supervised on the teacher's (carry-less) answers until {options.warm_start_accuracy:.0%} "
+        f"(at most {options.warm_start_steps} steps)"
+    )
     start = time.perf_counter()
     supervised_train(
         model,
         tokenizer,
         train,
-        steps=3000,
+        steps=options.warm_start_steps,
         seed=options.seed,
         stop_at_accuracy=(train[:200], options.warm_start_accuracy),
     )

@@ -27,6 +27,8 @@ from rloo.config import RLOOConfig
 
 RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft")
 DATASET_KEYS = ("path", "name", "split", "columns", "as_chat", "system_prompt", "limit")
+# names often written for LoraConfig fields, too far from them for difflib to suggest
+PEFT_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
 
 
 def _unknown_key(key: str, valid: list[str] | tuple[str, ...], where: str = "") -> ValueError:
@@ -106,6 +108,15 @@ def coerce_field(name: str, value: Any, annotation: str) -> Any:
     return value
 
 
+def _annotation_text(annotation: Any) -> str:
+    """``int``, ``int | None``, ``list[str]``: the text of a resolved annotation.
+
+    ``str(int)`` is ``"<class 'int'>"``, so a plain class is named by its ``__name__``.
+    """
+    text = annotation.__name__ if type(annotation) is type else str(annotation)
+    return text.replace("typing.", "").replace("NoneType", "None")
+
+
 def build_config(values: dict[str, Any]) -> RLOOConfig:
     """An ``RLOOConfig`` from the config part of a run file, with key and type checks."""
     annotations = typing.get_type_hints(RLOOConfig)
@@ -115,9 +126,7 @@ def build_config(values: dict[str, Any]) -> RLOOConfig:
     for key, value in values.items():
         if key not in fields:
             raise _unknown_key(key, valid)
-        checked[key] = coerce_field(
-            key, value, str(annotations[key]).replace("typing.", "").replace("NoneType", "None")
-        )
+        checked[key] = coerce_field(key, value, _annotation_text(annotations[key]))
     return RLOOConfig(**checked)
 
 
@@ -199,7 +208,10 @@ class RunSpec:
             "model": self.model,
             "dataset": dataclasses.asdict(self.dataset),
             "eval_dataset": None if self.eval_dataset is None else dataclasses.asdict(self.eval_dataset),
-            "reward_funcs": self.reward_funcs,
+            # inline `weight:`s are already in reward_weights; keeping both would fail a re-run
+            "reward_funcs": [
+                {k: v for k, v in r.items() if k != "weight"} if isinstance(r, dict) else r for r in self.reward_funcs
+            ],
             "peft": self.peft,
             **self.config.to_dict(),
         }
@@ -223,6 +235,8 @@ def parse_run(values: dict[str, Any]) -> RunSpec:
     peft = values.get("peft")
     if peft is not None and not isinstance(peft, dict):
         raise ValueError(f"`peft` expects a mapping of peft.LoraConfig fields, got {peft!r}")
+    if peft is not None:
+        build_peft_config(peft)  # checked now, so a typo fails before the model and data load
     return RunSpec(
         model=values["model"],
         dataset=DatasetSpec.parse(values["dataset"], "dataset"),
@@ -252,6 +266,8 @@ def build_peft_config(values: dict[str, Any]) -> Any:
 
     names = [f.name for f in dataclasses.fields(LoraConfig)]
     for key in values:
+        if key in PEFT_ALIASES:
+            raise ValueError(f"unknown key `peft.{key}`; did you mean `{PEFT_ALIASES[key]}`?")
         if key not in names:
             raise _unknown_key(key, names, where="peft.")
     return LoraConfig(**{"task_type": "CAUSAL_LM", **values})

@@ -1,0 +1,261 @@
+"""The ``rloo`` command line, end to end, on a tiny local model and a local JSONL dataset (offline, CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from click.testing import Result
+from typer.testing import CliRunner
+
+from rloo.cli import app
+from rloo.tiny import save_tiny_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from a second thread, and run 50x slower with one when another
+    process holds a core (torch's threads spin-wait on each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def invoke(*args: str | Path) -> Result:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def flat(text: str) -> str:
+    """Rich wraps long lines at 80 columns; compare messages with whitespace collapsed."""
+    return " ".join(text.split())
+
+
+def succeeded(result: Result) -> bool:
+    """Exit code 0; otherwise fail with the output and the traceback, which CliRunner swallows."""
+    if result.exit_code != 0:
+        import traceback
+
+        error = result.exception
+        trace = "" if error is None or isinstance(error, SystemExit) else "".join(traceback.format_exception(error))
+        pytest.fail(f"exit code {result.exit_code}\n{result.output}\n{trace}")
+    return True
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def metrics_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model folder and a JSONL dataset of one-digit additions (shared, read-only)."""
+    root = tmp_path_factory.mktemp("inputs")
+    model = save_tiny_model(root / "model", chars="0123456789+= ")
+    data = root / "sums.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"model": model, "data": data}
+
+
+def run_file(folder: Path, files: dict[str, Path], **values: Any) -> Path:
+    """Write a tiny run file to ``folder/run.yaml``; ``values`` replace or add top-level keys."""
+    run: dict[str, Any] = {
+        "model": str(files["model"]),
+        "dataset": {"path": str(files["data"])},
+        "reward_funcs": ["accuracy", {"name": "length", "min_words": 1, "max_words": 3, "weight": 0.5}],
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 4,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "output_dir": str(folder / "run"),
+    }
+    run.update(values)
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(run, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, files: dict[str, Path]) -> Path:
+    """One 2-step ``rloo train`` run, shared by the tests that read its output folder."""
+    folder = tmp_path_factory.mktemp("trained")
+    assert succeeded(invoke("train", run_file(folder, files)))
+    return folder / "run"
+
+
+# ---------------------------------------------------------------------------- help
+def test_help_lists_every_command() -> None:
+    result = invoke("--help")
+    assert succeeded(result)
+    for command in ("train", "eval", "report", "demo", "bandit"):
+        assert command in result.output
+
+
+# ---------------------------------------------------------------------------- train
+def test_train_writes_the_run_folder(trained: Path) -> None:
+    for name in ("config.yaml", "metrics.jsonl", "report.html", "checkpoint-2", "final"):
+        assert (trained / name).exists(), name
+    assert metrics_steps(trained)[-1] == 2
+    resolved = yaml.safe_load((trained / "config.yaml").read_text())
+    assert {"model", "dataset", "reward_funcs", "peft"} <= resolved.keys()
+    assert {"num_generations", "learning_rate", "beta", "max_steps", "output_dir"} <= resolved.keys()
+    assert resolved["dataset"]["path"].endswith("sums.jsonl")
+    assert resolved["reward_weights"] == [1.0, 0.5]
+    assert [r if isinstance(r, str) else r["name"] for r in resolved["reward_funcs"]] == ["accuracy", "length"]
+
+
+def test_the_resolved_config_yaml_runs_again(trained: Path, tmp_path: Path) -> None:
+    result = invoke("train", trained / "config.yaml", f"output_dir={tmp_path / 'again'}")
+    assert succeeded(result)
+    again = yaml.safe_load((tmp_path / "again" / "config.yaml").read_text())
+    assert again["reward_weights"] == [1.0, 0.5]
+    assert metrics_steps(tmp_path / "again")[-1] == 2
+
+
+def test_overrides_set_floats_nested_keys_and_lora(tmp_path: Path, files: dict[str, Path]) -> None:
+    peft = {"r": 8, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    path = run_file(tmp_path, files, max_steps=1, save_steps=1, peft=peft)
+    result = invoke("train", path, "learning_rate=1e-5", "dataset.limit=4", "peft.r=4")
+    assert succeeded(result)
+    resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert isinstance(resolved["learning_rate"], float)
+    assert resolved["learning_rate"] == 1e-05
+    assert resolved["dataset"]["limit"] == 4
+    assert resolved["peft"] == {**peft, "r": 4}
+    assert (tmp_path / "run" / "final" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("values", "overrides", "expected"),
+    [
+        ({"num_generation": 2}, [], "unknown key `num_generation`; did you mean `num_generations`?"),
+        ({}, ["dataset.splt=test"], "unknown key `dataset.splt`; did you mean `split`?"),
+        ({"num_generations": "four"}, [], "`num_generations` expects int, got 'four'"),
+        ({"peft": {"r": 8}}, ["peft.rank=4"], "unknown key `peft.rank`; did you mean `r`?"),
+        ({"model": None}, [], "the run file needs `model`"),
+        ({"num_generations": 1}, [], "the leave-one-out baseline needs at least 2 completions per prompt"),
+        ({}, ["learning_rate"], "must look like key=value"),
+        ({"reward_weights": [1.0, 1.0]}, [], "either as `weight:` in reward_funcs or as `reward_weights`, not both"),
+        ({"peft": {"target_modules": ["q_proj"], "rank": 4}}, [], "did you mean `r`?"),
+        ({"reward_clip_range": 5}, [], "`reward_clip_range` expects tuple[float, float] or null, got 5"),
+    ],
+    ids=[
+        *("top-level", "nested", "type", "peft-override", "no-model", "config", "no-equals", "two-weights", "peft"),
+        "brackets-are-not-markup",
+    ],
+)
+def test_run_file_errors_exit_2_with_a_message(
+    tmp_path: Path, files: dict[str, Path], values: dict[str, Any], overrides: list[str], expected: str
+) -> None:
+    result = invoke("train", run_file(tmp_path, files, **values), *overrides)
+    assert result.exit_code == 2, result.output
+    assert expected in flat(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_run_file_exits_2(tmp_path: Path) -> None:
+    result = invoke("train", tmp_path / "nope.yaml")
+    assert result.exit_code == 2
+    assert "nope.yaml' not found" in flat(result.stderr)
+
+
+def test_resume_continues_and_a_rerun_without_it_is_refused(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files, save_steps=1)
+    assert succeeded(invoke("train", path))
+    run = tmp_path / "run"
+    before = snapshot(run)
+
+    refused = invoke("train", path, "max_steps=3")
+    assert refused.exit_code == 2
+    assert "already holds checkpoints" in flat(refused.stderr)
+    assert snapshot(run) == before
+
+    assert succeeded(invoke("train", path, "max_steps=3", "--resume"))
+    assert metrics_steps(run)[-1] == 3
+    assert (run / "checkpoint-3").is_dir()
+
+
+# ---------------------------------------------------------------------------- eval
+def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Path], trained: Path) -> None:
+    for model in (files["model"], trained / "checkpoint-2"):
+        output = tmp_path / f"{model.name}.json"
+        result = invoke(
+            "eval",
+            *("--model", model, "--dataset", files["data"], "--reward", "accuracy", "--split", "train"),
+            *("--num-samples", "2", "--max-completion-length", "4", "--output", output),
+        )
+        assert succeeded(result)
+        assert "greedy" in result.stdout
+        assert "pass@2" in result.stdout
+        scores = json.loads(output.read_text())
+        assert scores["num_prompts"] == 16
+        assert all(0.0 <= scores[key] <= 1.0 for key in ("greedy_accuracy", "pass_at_k"))
+
+
+def test_eval_of_a_missing_reward_exits_2(files: dict[str, Path]) -> None:
+    result = invoke("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "acuracy")
+    assert result.exit_code == 2
+    assert "unknown reward 'acuracy'" in flat(result.stderr)
+
+
+# ---------------------------------------------------------------------------- report
+def test_report_rebuilds_the_html(trained: Path) -> None:
+    (trained / "report.html").unlink()
+    result = invoke("report", trained)
+    assert succeeded(result)
+    assert (trained / "report.html").stat().st_size > 1000
+
+
+def test_report_without_metrics_exits_2(tmp_path: Path) -> None:
+    result = invoke("report", tmp_path)
+    assert result.exit_code == 2
+    assert "metrics.jsonl is missing or empty" in flat(result.stderr)
+
+
+# ---------------------------------------------------------------------------- demo
+def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> None:
+    output_dir = tmp_path / "demo"
+    sizes = ("--steps", "3", "--prompts-per-step", "8", "--num-generations", "2", "--eval-problems", "20")
+    result = invoke("demo", *sizes, "--hidden-size", "32", "--warm-start-steps", "20", "--output-dir", output_dir)
+    assert succeeded(result)
+    for row in ("warm start", "+ RLOO", "control"):
+        assert row in result.stdout
+    summary = json.loads((output_dir / "demo_results.json").read_text())
+    assert {"warm start", "+ RLOO", "control: + supervised, same time"} <= summary["accuracy"].keys()
+    assert (output_dir / "report.html").is_file()
+
+    before = snapshot(output_dir)
+    again = invoke("demo", *sizes, "--output-dir", output_dir)
+    assert again.exit_code == 2
+    assert "already exists and is not empty" in flat(again.stderr)
+    assert snapshot(output_dir) == before
+
+
+@pytest.mark.slow
+def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> None:
+    """The real-size demo, in a fresh process as a user runs it (about 4 minutes on 2 CPU cores)."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "rloo.cli", "demo", "--output-dir", str(tmp_path / "demo")]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - start
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    accuracy = json.loads((tmp_path / "demo" / "demo_results.json").read_text())["accuracy"]
+    gain = accuracy["+ RLOO"]["greedy"] - accuracy["warm start"]["greedy"]
+    assert gain >= 0.15, accuracy
+    assert seconds < 300, f"the demo took {seconds:.0f} s"
