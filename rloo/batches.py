@@ -108,3 +108,36 @@ class MicroBatchResult:
     entropy: float
     clip: ClipFractions
     kl: float | None
+
+
+def rows_per_pass(sequence_length: int, vocab_size: int, budget_mib: float, cap: int) -> int:
+    """Rows per forward pass so that one ``(rows, T, V)`` float32 logits tensor fits ``budget_mib``.
+
+    Splitting a micro-batch into passes does not change the gradient (the loss is normalized
+    by whole-step totals), only the peak memory: activations and logits scale with the rows.
+    """
+    per_row = sequence_length * vocab_size * 4
+    return max(1, min(cap, int(budget_mib * 2**20) // max(1, per_row)))
+
+
+def plan_passes(rows: Tensor, lengths: Tensor, max_rows: int) -> list[Tensor]:
+    """Cut ``rows`` into passes of at most ``max_rows``, longest first, so each pass pads little.
+
+    rows: ``(n,)`` indices; lengths: ``(N,)`` completion length of every row of the batch.
+    """
+    if rows.numel() == 0:
+        return []
+    ordered = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+    return list(torch.split(ordered, max_rows))
+
+
+def trainable_rows(rows: Tensor, advantages: Tensor, skip_zero_advantage: bool) -> Tensor:
+    """The rows whose loss can have a gradient.
+
+    With only the clipped surrogate in the loss, a completion with ``A_i = 0`` has loss
+    ``-min(rho * 0, clip(rho) * 0) = 0`` and zero gradient, so leaving it out of the forward
+    and backward is exact (groups whose K rewards are all equal have A = 0 everywhere).
+    """
+    if not skip_zero_advantage:
+        return rows
+    return rows[advantages[rows] != 0]

@@ -87,6 +87,9 @@ class RLOOConfig:
     bf16: bool | None = None
     gradient_checkpointing: bool = False
     disable_dropout: bool = True
+    # speed and memory: exact, they change no gradient
+    skip_zero_advantage: bool = True
+    max_logits_memory_mb: float = 256.0
     model_init_kwargs: dict[str, Any] | None = None
     # --- logging and checkpoints ---
     logging_steps: int = 10
@@ -180,6 +183,8 @@ class RLOOConfig:
             raise _fail("epsilon", spec.epsilon, "must be < 1 so that 1 - epsilon stays positive")
         if self.num_iterations < 1:
             raise _fail("num_iterations", self.num_iterations, "must be >= 1 (1 = each batch used once)")
+        if not self.max_logits_memory_mb > 0:
+            raise _fail("max_logits_memory_mb", self.max_logits_memory_mb, "must be > 0 (MiB of logits per pass)")
         if not self.entropy_coef >= 0:
             raise _fail("entropy_coef", self.entropy_coef, "must be >= 0 (0 disables the entropy bonus)")
         clip = self.reward_clip_range

@@ -1,6 +1,6 @@
 """Log-probabilities of completion tokens under a model (policy or reference).
 
-``log pi(y_t | x, y_<t) = z[y_t] / T - logsumexp(z / T)`` with z the logits and T the
+``log pi(y_t | x, y_<t) = z[y_t] - logsumexp(z)`` with ``z = logits / T`` and T the
 sampling temperature (as TRL), computed for the sampled tokens only ("selective"), in row
 chunks so the full-vocabulary log-softmax is never materialized for the whole batch.
 """
@@ -12,21 +12,30 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rloo.metrics import entropy_from_logits
 from rloo.rollout import position_ids_from_mask
 
 
-def selective_logprobs(logits: Tensor, token_ids: Tensor, chunk_rows: int = 8) -> Tensor:
-    """``logits[b, t, ids[b, t]] - logsumexp(logits[b, t])``: ``(B, T, V), (B, T) -> (B, T)``.
+def token_logprobs_and_entropy(
+    logits: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool, entropy_requires_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``token_ids`` and entropies under ``softmax(logits / T)``, row chunk by row chunk.
 
-    Works on ``chunk_rows`` rows at a time in float32 to bound the temporary memory.
+    ``log p_t = z_t[y_t] - logsumexp(z_t)``, ``H_t = logsumexp(z_t) - sum_v p_tv z_tv`` with
+    ``z = logits / T`` in float32. Each chunk's temporaries (the scaled logits, the softmax)
+    are about 64 MiB, so no full-vocabulary ``(B, T, V)`` copy is made besides ``logits``.
     """
-    pieces = []
-    for start in range(0, logits.shape[0], chunk_rows):
-        z = logits[start : start + chunk_rows].float()
-        picked = z.gather(-1, token_ids[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
-        pieces.append(picked - torch.logsumexp(z, dim=-1))
-    return torch.cat(pieces, dim=0)
+    rows = max(1, 2**24 // max(1, logits.shape[1] * logits.shape[2]))
+    logprobs, entropies = [], []
+    for start in range(0, logits.shape[0], rows):
+        z = logits[start : start + rows].float() / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        logprobs.append(z.gather(-1, token_ids[start : start + rows].unsqueeze(-1)).squeeze(-1) - lse)
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
+                zz = z if entropy_requires_grad else z.detach()
+                ll = lse if entropy_requires_grad else lse.detach()
+                entropies.append(ll - (torch.exp(zz - ll.unsqueeze(-1)) * zz).sum(dim=-1))
+    return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
 
 
 @dataclass
@@ -64,10 +73,7 @@ def completion_logprobs(
         logits_to_keep=tc + 1,
         use_cache=False,
     ).logits
-    logits = logits[:, :-1] / temperature
-    logprobs = selective_logprobs(logits, completion_ids)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_requires_grad else logits.detach())
+    logprobs, entropy = token_logprobs_and_entropy(
+        logits[:, :-1], completion_ids, temperature, with_entropy, entropy_requires_grad
+    )
     return TokenLogprobs(logprobs, entropy)

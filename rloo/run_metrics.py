@@ -64,6 +64,8 @@ def advantage_metrics(advantages: Tensor, scorable: Tensor) -> dict[str, float]:
 def update_metrics(results: list[MicroBatchResult]) -> dict[str, float]:
     """Loss (summed over micro-batches: they are pre-scaled), entropy, clip fractions, KL."""
     n = len(results)
+    if n == 0:
+        return {"loss": 0.0}
     metrics = {
         "loss": sum(r.loss_value for r in results),
         "entropy": sum(r.entropy for r in results) / n,

@@ -24,14 +24,21 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_char_tokenizer(chars: str = DEFAULT_CHARS, with_pad: bool = True) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(
+    chars: str = DEFAULT_CHARS, with_pad: bool = True, vocab_size: int | None = None
+) -> PreTrainedTokenizerFast:
     """A tokenizer with one token per character of ``chars`` plus the special tokens.
 
     Text made of ``chars`` round-trips exactly through encode/decode. With
-    ``with_pad=False`` it has no pad token (to test the pad = eos fallback).
+    ``with_pad=False`` it has no pad token (to test the pad = eos fallback). ``vocab_size``
+    pads the vocabulary with ``<extra_i>`` tokens (never produced by encoding, decoded as
+    themselves) to give benchmarks a realistic softmax size.
     """
     unique = list(dict.fromkeys(chars))
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *unique])}
+    tokens = [*SPECIAL_TOKENS, *unique]
+    if vocab_size is not None:
+        tokens += [f"<extra_{i}>" for i in range(max(0, vocab_size - len(tokens)))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
@@ -78,10 +85,12 @@ def build_tiny_llama(
     return model
 
 
-def save_tiny_model(directory: str | Path, chars: str = DEFAULT_CHARS, **model_kwargs: int) -> Path:
+def save_tiny_model(
+    directory: str | Path, chars: str = DEFAULT_CHARS, vocab_size: int | None = None, **model_kwargs: int
+) -> Path:
     """Write a tiny Llama and its character tokenizer to ``directory`` (a local "hub id")."""
     path = Path(directory)
-    tokenizer = build_char_tokenizer(chars)
+    tokenizer = build_char_tokenizer(chars, vocab_size=vocab_size)
     model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer, **model_kwargs)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

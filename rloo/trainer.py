@@ -42,6 +42,9 @@ from rloo.batches import (
     ScoredBatch,
     micro_batch,
     micro_batch_rows,
+    plan_passes,
+    rows_per_pass,
+    trainable_rows,
 )
 from rloo.checkpoint import (
     latest_checkpoint,
@@ -327,10 +330,12 @@ class RLOOTrainer:
 
     @torch.no_grad()
     def _no_grad_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
-        """Log-probs of the whole batch in micro-batches, without gradient: ``(N, Tc)``."""
+        """Log-probs of the whole batch in passes within the logits budget, without gradient: ``(N, Tc)``."""
         out = torch.zeros_like(rollout.sampler_logprobs)
-        size = self.args.per_device_train_batch_size
-        for rows in micro_batch_rows(rollout.completion_ids.shape[0], size, out.device):
+        n = rollout.completion_ids.shape[0]
+        max_rows = self._rows_per_pass(rollout, cap=n)
+        all_rows = torch.arange(n, device=out.device)
+        for rows in plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows):
             tc = int(rollout.completion_mask[rows].sum(dim=1).max())
             with self.accelerator.autocast():
                 lp = completion_logprobs(
@@ -361,24 +366,44 @@ class RLOOTrainer:
                 update_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
                 self._finish_step({**batch.metrics, **update_metrics}, step_start, batch)
 
+    def _rows_per_pass(self, rollout: Rollout, cap: int) -> int:
+        length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+        vocab = self.unwrapped_model.get_output_embeddings().weight.shape[0]
+        return rows_per_pass(length, vocab, self.args.max_logits_memory_mb, cap)
+
     def _optimizer_step(self, batch: ScoredBatch, step_rows: list[torch.Tensor]) -> dict[str, float]:
+        """One optimizer step over ``step_rows`` (its micro-batches).
+
+        The loss is normalized by the totals of the whole step; rows with zero advantage
+        are skipped when that is exact, and the rest is cut into passes that keep the
+        logits within ``max_logits_memory_mb``, longest completions together.
+        """
         args = self.args
-        micro_batches = [micro_batch(batch, rows) for rows in step_rows]
-        total_tokens = float(sum(mb.loss_mask.sum() for mb in micro_batches))
-        total_sequences = float(sum(mb.advantages.shape[0] for mb in micro_batches))
+        all_rows = torch.cat(step_rows)
+        total_tokens = float(batch.loss_mask[all_rows].sum())
+        total_sequences = float(all_rows.numel())
+        exact_skip = args.skip_zero_advantage and args.entropy_coef == 0
+        exact_skip = exact_skip and (self.spec.beta == 0 or self.spec.kl_placement == "reward")
+        active = trainable_rows(all_rows, batch.advantages, exact_skip)
+        max_rows = self._rows_per_pass(batch.rollout, cap=args.per_device_train_batch_size)
         self.model.train()
         results = []
-        for mb in micro_batches:
+        for rows in plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows):
             with self.accelerator.autocast():
-                result = self._micro_batch_loss(mb, total_tokens, total_sequences)
+                result = self._micro_batch_loss(micro_batch(batch, rows), total_tokens, total_sequences)
             self.accelerator.backward(result.loss)
             results.append(result)
+        if not results:  # every row skipped: the gradient is exactly zero, and AdamW still steps
+            for param in self.model.parameters():
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
         max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = update_metrics(results)
+        metrics["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
         return metrics

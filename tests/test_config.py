@@ -52,6 +52,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"epsilon_high": 0.0}, "epsilon_high", 0.0, "must be > 0"),
     ({"epsilon_high": -0.28}, "epsilon_high", -0.28, "unset to equal epsilon"),
     ({"num_iterations": 0}, "num_iterations", 0, "must be >= 1"),
+    ({"max_logits_memory_mb": 0}, "max_logits_memory_mb", 0, "must be > 0"),
     ({"entropy_coef": -0.01}, "entropy_coef", -0.01, "must be >= 0"),
     ({"entropy_coef": NAN}, "entropy_coef", NAN, "must be >= 0"),
     ({"reward_clip_range": (1.0, -1.0)}, "reward_clip_range", (1.0, -1.0), "min <= max"),

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from rloo.logprobs import completion_logprobs, selective_logprobs
+from rloo.logprobs import completion_logprobs, token_logprobs_and_entropy
+from rloo.metrics import entropy_from_logits
 from rloo.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
 from rloo.sampling import SamplingParams
 from rloo.tiny import build_char_tokenizer, build_tiny_llama
@@ -177,22 +178,39 @@ def test_sampler_logprobs_equal_forward_pass(
     torch.testing.assert_close(forward * r.completion_mask, r.sampler_logprobs, rtol=0, atol=atol)
 
 
-def test_selective_logprobs_equals_log_softmax_gather() -> None:
+def test_chunked_logprobs_and_entropy_equal_the_full_vocabulary_formulas() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(11, 7, 33, generator=g) * 4
     ids = torch.randint(0, 33, (11, 7), generator=g)
-    expected = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    for chunk_rows in (1, 3, 8, 11, 100):
-        out = selective_logprobs(logits, ids, chunk_rows=chunk_rows)
+    for temperature in (1.0, 0.7):
+        z = logits / temperature
+        expected = torch.log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        out, entropy = token_logprobs_and_entropy(logits, ids, temperature, True, False)
         assert out.shape == (11, 7) and out.dtype == torch.float32
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
-    # chunking does not change a single bit
-    assert torch.equal(selective_logprobs(logits, ids, chunk_rows=1), selective_logprobs(logits, ids, chunk_rows=100))
+        assert entropy is not None
+        torch.testing.assert_close(entropy, entropy_from_logits(z), rtol=0, atol=1e-4)
     # bf16 logits are computed in float32
-    out = selective_logprobs(logits.bfloat16(), ids, chunk_rows=4)
-    assert out.dtype == torch.float32
+    out, none = token_logprobs_and_entropy(logits.bfloat16(), ids, 1.0, False, False)
+    assert out.dtype == torch.float32 and none is None
     ref = torch.log_softmax(logits.bfloat16().float(), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+def test_chunking_does_not_change_results_or_gradients() -> None:
+    g = torch.Generator().manual_seed(1)
+    big = torch.randn(40, 300, 2000, generator=g)  # 24M elements: several chunks of 2**24
+    ids = torch.randint(0, 2000, (40, 300), generator=g)
+    leaf = big.clone().requires_grad_(True)
+    out, entropy = token_logprobs_and_entropy(leaf, ids, 1.0, True, True)
+    assert entropy is not None
+    (out.sum() + entropy.sum()).backward()
+    full = big.clone().requires_grad_(True)
+    expected = torch.log_softmax(full, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    (expected.sum() + entropy_from_logits(full).sum()).backward()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+    assert leaf.grad is not None and full.grad is not None
+    torch.testing.assert_close(leaf.grad, full.grad, rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------- greedy and seeds

@@ -1,0 +1,119 @@
+"""Every fast path against the plain path: same log-probs, same update."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.test_trainer import dataset, frac7, params, trainer
+
+
+def first_digit_is_one(prompts: list[str], completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """Constant within most groups (all prompts starting with '1' score 1): many zero-std groups."""
+    return [1.0 if p.startswith("1") else float(len(ids) % 2) for p, ids in zip(prompts, completion_ids, strict=True)]
+
+
+def trained(tmp_path: Path, **overrides: Any) -> dict[str, torch.Tensor]:
+    t = trainer(tmp_path, **overrides)
+    t.train()
+    return params(t.unwrapped_model)
+
+
+def step_gradients(tmp_path: Path, **overrides: Any) -> list[list[torch.Tensor]]:
+    """The gradients handed to the optimizer at every step of a short run."""
+    t = trainer(tmp_path, **overrides)
+    seen: list[list[torch.Tensor]] = []
+    step = t.optimizer.step
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append([p.grad.clone() for p in t.unwrapped_model.parameters() if p.grad is not None])
+        return step(*args, **kwargs)
+
+    t.optimizer.step = spy  # type: ignore[method-assign]
+    t.train()
+    return seen
+
+
+def assert_same_gradients(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
+    assert len(a) == len(b) and all(len(x) == len(y) for x, y in zip(a, b, strict=True))
+    for x, y in zip(a, b, strict=True):
+        for gx, gy in zip(x, y, strict=True):
+            torch.testing.assert_close(gx, gy, rtol=1e-4, atol=1e-7)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Equal up to float summation order (a few ulps of the gradient, amplified by Adam)."""
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
+
+
+def test_skipping_zero_advantage_rows_gives_the_same_update(tmp_path: Path) -> None:
+    data = [{"prompt": f"1{a}+{a}="} for a in range(12)] + dataset(4)
+    # beta = 0: a KL term in the reward would make every group's rewards differ
+    common: dict[str, Any] = {"reward_funcs": first_digit_is_one, "data": data, "max_steps": 3, "beta": 0.0}
+    t = trainer(tmp_path / "skip", skip_zero_advantage=True, **common)
+    t.train()
+    skipped = [h["train/skipped_rows_frac"] for h in t.state.log_history]
+    assert max(skipped) > 0  # the fast path was taken
+    assert_same_gradients(
+        step_gradients(tmp_path / "a", skip_zero_advantage=True, **common),
+        step_gradients(tmp_path / "b", skip_zero_advantage=False, **common),
+    )
+
+
+def test_all_rows_skipped_still_steps_like_zero_gradients(tmp_path: Path) -> None:
+    def constant(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+        return [1.0] * len(completion_ids)
+
+    common: dict[str, Any] = {"reward_funcs": constant, "max_steps": 2, "beta": 0.0, "weight_decay": 0.1}
+    assert_same(
+        trained(tmp_path / "skip", skip_zero_advantage=True, **common),
+        trained(tmp_path / "plain", skip_zero_advantage=False, **common),
+    )
+
+
+def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path) -> None:
+    # one step: later steps start from parameters that differ by float rounding amplified by Adam
+    common: dict[str, Any] = {"max_steps": 1, "beta": 0.05, "per_device_train_batch_size": 16}
+    one_row = step_gradients(tmp_path / "small", max_logits_memory_mb=1e-6, **common)  # one row per pass
+    assert_same_gradients(one_row, step_gradients(tmp_path / "big", max_logits_memory_mb=1e4, **common))
+
+
+def test_sampler_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:
+    """KL in the reward uses the sampler's log-probs instead of an extra forward pass."""
+    t = trainer(tmp_path, beta=0.05)
+    batch = t._generate_and_score()
+    forward = t._no_grad_logprobs(t.model, batch.rollout)
+    torch.testing.assert_close(forward, batch.rollout.sampler_logprobs, rtol=0, atol=1e-5)
+
+
+def test_no_old_logprob_pass_when_the_batch_is_used_once(tmp_path: Path) -> None:
+    once = trainer(tmp_path / "once")
+    assert once._generate_and_score().old_logprobs is None
+    twice = trainer(tmp_path / "twice", num_iterations=2)
+    assert twice._generate_and_score().old_logprobs is not None
+
+
+def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> None:
+    """With one optimizer step per batch, old = current.detach() gives the update of a real old pass."""
+    plain = trainer(tmp_path / "a", max_steps=1, beta=0.0)
+    batch = plain._generate_and_score()
+    with_old = type(batch)(
+        batch.rollout,
+        batch.loss_mask,
+        batch.advantages,
+        plain._no_grad_logprobs(plain.model, batch.rollout),
+        batch.reference_logprobs,
+        batch.metrics,
+    )
+    twin = trainer(tmp_path / "b", max_steps=1, beta=0.0)
+    rows = [torch.arange(batch.num_rows)]
+    plain._optimizer_step(batch, rows)
+    twin._optimizer_step(with_old, rows)
+    assert_same(params(plain.unwrapped_model), params(twin.unwrapped_model))
+
+
+def test_frac7_reward_is_used(tmp_path: Path) -> None:
+    assert frac7([[1, 2]]) == [0.0]
