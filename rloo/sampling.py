@@ -67,6 +67,21 @@ def apply_min_p(logits: Tensor, min_p: float | None) -> Tensor:
     return logits.masked_fill(probs < threshold, -torch.inf)
 
 
+def sample_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One draw per row from unnormalized probabilities ``(B, V) -> (B,)``, by inverse CDF.
+
+    ``i = min{i : cdf_i > u * cdf_V}`` with one uniform ``u`` per row: the same distribution
+    as ``torch.multinomial``, which on CPU draws V exponentials per row (the largest cost of
+    sampling with a 32k vocabulary). A token of probability 0 is never drawn: the target is
+    kept strictly below the total, and ``cdf`` does not rise at such a token.
+    """
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
 def sample_next_token(
     logits: Tensor, history: Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
@@ -79,10 +94,15 @@ def sample_next_token(
         ``(tokens (B,), logprobs (B,))`` with ``logprobs = log_softmax(logits / T)[token]``.
     """
     logits = logits.float()
-    scaled = logits / params.temperature
-    processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
-    processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
-    probs = torch.softmax(processed, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    plain = params.repetition_penalty == 1.0 and params.top_k <= 0 and params.top_p >= 1.0 and not params.min_p
+    if plain:  # the sampling distribution is the scored one: one softmax serves both
+        probs = torch.exp(scaled - lse)
+    else:
+        processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
+        processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
+        probs = torch.softmax(processed, dim=-1)
+    tokens = sample_categorical(probs, generator)
+    logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse.squeeze(1)
     return tokens, logprobs

@@ -258,3 +258,19 @@ def test_same_seed_same_tokens_different_seed_different() -> None:
 
     assert torch.equal(draw(11), draw(11))
     assert not torch.equal(draw(11), draw(12))
+
+
+def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo.sampling import sample_categorical
+
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    for u in (0.0, 0.3 / 1.0, 0.999999999, 1.0 - 1e-12):
+        monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
+        tokens = sample_categorical(probs, None)
+        assert probs[0, tokens[0]] > 0 and tokens[1] == 0, (u, tokens)
+    monkeypatch.undo()
+    # frequencies follow the probabilities
+    gen = torch.Generator().manual_seed(0)
+    draws = sample_categorical(probs[:1].expand(20000, -1), gen)
+    share = (draws == 3).float().mean().item()
+    assert abs(share - 0.7) < 0.02  # 6 standard errors of a 20k-draw binomial
