@@ -265,7 +265,7 @@ def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch: pytest.Mo
 
     probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     for u in (0.0, 0.3 / 1.0, 0.999999999, 1.0 - 1e-12):
-        monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
+        monkeypatch.setattr(torch, "rand", lambda shape, u=u, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
         tokens = sample_categorical(probs, None)
         assert probs[0, tokens[0]] > 0 and tokens[1] == 0, (u, tokens)
     monkeypatch.undo()
