@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rloo.kv_cache import preallocate
 from rloo.masks import completion_mask_from_ids
 from rloo.sampling import SamplingParams, sample_next_token
 
@@ -87,6 +88,7 @@ def generate_rollouts(
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
     cache = out.past_key_values
     cache.batch_repeat_interleave(k)
+    cache = preallocate(cache, max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(k, dim=0)
     prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
     attention = prompt_mask_k

@@ -286,3 +286,18 @@ def test_same_seed_same_rollout_different_seed_different(model: Any, prompts: li
     assert not torch.equal(a.completion_ids, c.completion_ids)
     # the K samples of a prompt are not copies of each other
     assert len({tuple(row) for row in a.completion_ids[:3].tolist()}) > 1
+
+
+def test_preallocated_cache_layer_matches_concatenation() -> None:
+    from rloo.kv_cache import PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 4, 5, generator=g)
+    layer = PreallocatedLayer(keys, values, capacity=6)
+    expected_k, expected_v = keys, values
+    for _ in range(4):  # the last two go past the capacity and fall back to growing
+        k, v = torch.randn(2, 3, 1, 5, generator=g), torch.randn(2, 3, 1, 5, generator=g)
+        expected_k, expected_v = torch.cat([expected_k, k], dim=-2), torch.cat([expected_v, v], dim=-2)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
+        assert layer.get_seq_length() == expected_k.shape[-2]
