@@ -16,11 +16,11 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 
-class PreallocatedLayer(DynamicLayer):
+class PreallocatedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A ``DynamicLayer`` whose keys/values are views into a buffer of ``capacity`` tokens."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         batch, heads, length, _ = keys.shape
         self.dtype, self.device = keys.dtype, keys.device
         self._key_buffer = keys.new_empty((batch, heads, capacity, keys.shape[-1]))
@@ -50,7 +50,7 @@ def preallocate(cache: Any, extra_tokens: int) -> Any:
     if layers is None:
         return cache
     for index, layer in enumerate(layers):
-        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel() > 0:
-            capacity = layer.keys.shape[-2] + extra_tokens
-            layers[index] = PreallocatedLayer(layer.keys, layer.values, capacity)
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if type(layer) is DynamicLayer and keys is not None and values is not None and keys.numel() > 0:
+            layers[index] = PreallocatedLayer(keys, values, keys.shape[-2] + extra_tokens)
     return cache
