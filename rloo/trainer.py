@@ -183,6 +183,8 @@ class RLOOTrainer:
                 f"output_dir {str(self.output_dir)!r} already holds checkpoints of an earlier run; pass "
                 "resume_from_checkpoint=True to continue it, or choose a new output_dir (nothing was changed)"
             )
+        if resume_path is None:
+            self._set_aside_old_logs()
         self.sink = MetricsSink(self.output_dir, self.args.report_to, self.args.to_dict())
         if resume_path is not None:
             self._load_checkpoint(resume_path)
@@ -209,6 +211,17 @@ class RLOOTrainer:
         self.save_model(str(self.output_dir / "final"))
         run_callbacks(self.callbacks, "on_train_end", self)
         return self.state
+
+    def _set_aside_old_logs(self) -> None:
+        """A fresh run into a folder with logs of an earlier run (that never checkpointed)
+        renames them instead of appending to or overwriting them."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for name in ("metrics.jsonl", "completions.jsonl", "warnings.log"):
+            path = self.output_dir / name
+            if path.exists():
+                kept = path.with_name(f"{path.stem}.before-{stamp}{path.suffix}")
+                path.rename(kept)
+                self.console.print(f"kept the earlier run's {name} as {kept.name}")
 
     def _announce(self) -> None:
         trainable, total = count_parameters(self.model)

@@ -237,7 +237,7 @@ def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> N
     for row in ("warm start", "+ RLOO", "control"):
         assert row in result.stdout
     summary = json.loads((output_dir / "demo_results.json").read_text())
-    assert {"warm start", "+ RLOO", "control: + supervised, same time"} <= summary["accuracy"].keys()
+    assert {"warm start", "+ RLOO", "control: + SFT, same time"} <= summary["accuracy"].keys()
     assert (output_dir / "report.html").is_file()
 
     before = snapshot(output_dir)

@@ -374,3 +374,12 @@ def test_callbacks_see_steps_logs_and_saves(tmp_path: Path) -> None:
         callbacks=[Recorder()],
     ).train()
     assert events == ["begin", "step1", "log", "step2", "log", "save:checkpoint-2", "end"]
+
+
+def test_a_fresh_run_keeps_the_logs_of_an_earlier_one(tmp_path: Path) -> None:
+    trainer(tmp_path, max_steps=1).train()  # no checkpoint: save_steps is 1000
+    first = (tmp_path / "run" / "metrics.jsonl").read_text()
+    trainer(tmp_path, max_steps=1).train()
+    kept = list((tmp_path / "run").glob("metrics.before-*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text() == first
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
