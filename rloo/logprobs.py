@@ -8,11 +8,34 @@ chunks so the full-vocabulary log-softmax is never materialized for the whole ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rloo.rollout import position_ids_from_mask
+
+
+class _SelectiveLogprob(torch.autograd.Function):
+    """``log p[y] = z[y] - logsumexp(z)`` with a one-pass backward.
+
+    ``d log p[y] / dz = onehot(y) - softmax(z)``: the backward builds ``-softmax(z) * g`` and
+    adds ``g`` at the target, instead of autograd's zero-filled gather gradient plus the
+    logsumexp gradient plus their sum (three vocabulary-sized passes and two temporaries).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, ids: Tensor) -> Tensor:
+        lse = torch.logsumexp(z, dim=-1)
+        ctx.save_for_backward(z, ids, lse)
+        return z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        z, ids, lse = ctx.saved_tensors
+        grad_z = torch.exp(z - lse.unsqueeze(-1)).mul_(-grad.unsqueeze(-1))
+        grad_z.scatter_add_(-1, ids.unsqueeze(-1), grad.unsqueeze(-1))
+        return grad_z, None
 
 
 def token_logprobs_and_entropy(
@@ -27,14 +50,21 @@ def token_logprobs_and_entropy(
     rows = max(1, 2**24 // max(1, logits.shape[1] * logits.shape[2]))
     logprobs, entropies = [], []
     for start in range(0, logits.shape[0], rows):
-        z = logits[start : start + rows].float() / temperature
-        lse = torch.logsumexp(z, dim=-1)
-        logprobs.append(z.gather(-1, token_ids[start : start + rows].unsqueeze(-1)).squeeze(-1) - lse)
+        z = logits[start : start + rows].float()
+        if temperature != 1.0:  # a division (and its backward) over the vocabulary saved
+            z = z / temperature
+        ids = token_ids[start : start + rows]
+        if with_entropy and entropy_requires_grad and torch.is_grad_enabled():  # entropy bonus: plain autograd
+            lse = torch.logsumexp(z, dim=-1)
+            logprobs.append(z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse)
+            entropies.append(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(dim=-1))
+            continue
+        logprobs.append(_SelectiveLogprob.apply(z, ids))  # type: ignore[no-untyped-call]
         if with_entropy:
-            with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
-                zz = z if entropy_requires_grad else z.detach()
-                ll = lse if entropy_requires_grad else lse.detach()
-                entropies.append(ll - (torch.exp(zz - ll.unsqueeze(-1)) * zz).sum(dim=-1))
+            with torch.no_grad():
+                zd = z.detach()
+                lse = torch.logsumexp(zd, dim=-1, keepdim=True)
+                entropies.append(lse.squeeze(-1) - (torch.exp(zd - lse) * zd).sum(dim=-1))
     return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
 
 
@@ -65,15 +95,18 @@ def completion_logprobs(
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_attention.to(prompt_mask.dtype)], dim=1)
-    tc = completion_ids.shape[1]
+    length, tc = input_ids.shape[1], completion_ids.shape[1]
+    # the positions that predict the completion tokens: asking for exactly these avoids
+    # slicing (and a full-size zero-filled gradient for the slice) on the logits
+    positions = torch.arange(length - tc - 1, length - 1, device=input_ids.device)
     logits = model(
         input_ids=input_ids,
         attention_mask=attention,
         position_ids=position_ids_from_mask(attention),
-        logits_to_keep=tc + 1,
+        logits_to_keep=positions,
         use_cache=False,
     ).logits
     logprobs, entropy = token_logprobs_and_entropy(
-        logits[:, :-1], completion_ids, temperature, with_entropy, entropy_requires_grad
+        logits, completion_ids, temperature, with_entropy, entropy_requires_grad
     )
     return TokenLogprobs(logprobs, entropy)
