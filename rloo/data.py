@@ -183,6 +183,19 @@ class TokenizedPrompts:
     num_truncated: int
 
 
+def encode_prompts(
+    prompts: list[Any], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None
+) -> TokenizedPrompts:
+    """Render (chat template for conversations) and tokenize a batch of raw dataset prompts.
+
+    Plain text gets the tokenizer's special tokens, as in TRL; a rendered chat template
+    already carries its own, so none are added.
+    """
+    conversational = is_conversational(prompts[0])
+    texts = [render_prompt(p, tokenizer) for p in prompts]
+    return tokenize_prompts(texts, tokenizer, max_prompt_length, add_special_tokens=not conversational)
+
+
 def tokenize_prompts(
     texts: list[str],
     tokenizer: PreTrainedTokenizerBase,

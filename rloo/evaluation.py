@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rloo.data import gather_columns, is_conversational, render_prompt, tokenize_prompts
+from rloo.data import encode_prompts, gather_columns, is_conversational
 from rloo.rollout import Rollout, generate_rollouts
 from rloo.sampling import SamplingParams
 from rloo.scoring import as_completions, compute_rewards, load_reward_funcs, reward_func_names
@@ -86,8 +86,7 @@ class _Scorer:
     def score(self, data: Any, indices: list[int], k: int, params: SamplingParams) -> torch.Tensor:
         """Combined reward of K completions per prompt, NaN where no function applies: ``(P*K,)``."""
         prompts = [data[i]["prompt"] for i in indices]
-        chat = is_conversational(prompts[0])
-        ids = tokenize_prompts([render_prompt(p, self.tokenizer) for p in prompts], self.tokenizer, None, not chat).ids
+        ids = encode_prompts(prompts, self.tokenizer, None).ids
         rollout: Rollout = generate_rollouts(
             self.model,
             ids,
@@ -100,7 +99,7 @@ class _Scorer:
             generator=self.generator,
         )
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        completions = as_completions(texts, chat)
+        completions = as_completions(texts, is_conversational(prompts[0]))
         scores = compute_rewards(
             self.funcs,
             prompts=[p for p in prompts for _ in range(k)],

@@ -292,20 +292,14 @@ class RLOOTrainer:
         """Phases 1-2 for the prompts at ``indices``: K completions each, scored."""
         args, tok, k = self.args, self.processing_class, self.args.num_generations
         raw_prompts = [dataset[i]["prompt"] for i in indices]
-        conversational = data_lib.is_conversational(raw_prompts[0])
-        tokenized = data_lib.tokenize_prompts(
-            [data_lib.render_prompt(p, tok) for p in raw_prompts],
-            tok,
-            args.max_prompt_length,
-            add_special_tokens=not conversational,
-        )
+        tokenized = data_lib.encode_prompts(raw_prompts, tok, args.max_prompt_length)
         group_ids = list(range(self.state.num_groups_seen, self.state.num_groups_seen + len(indices)))
         self.state.num_groups_seen += len(indices)
         t0 = time.perf_counter()
         rollout = self._rollout(tokenized.ids, group_ids, generator)
         generate_seconds = time.perf_counter() - t0
         texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        completions = as_completions(texts, conversational)
+        completions = as_completions(texts, data_lib.is_conversational(raw_prompts[0]))
         scores = compute_rewards(
             self.reward_funcs,
             prompts=[p for p in raw_prompts for _ in range(k)],

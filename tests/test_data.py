@@ -291,3 +291,14 @@ def test_gather_columns_prompt_only_and_bad_repeat() -> None:
     assert gather_columns(ds, [0, 0], repeat=2) == {}
     with pytest.raises(ValueError, match="repeat must be >= 1, got 0"):
         gather_columns(ds, [0], repeat=0)
+
+
+def test_encode_prompts_renders_chats_and_adds_no_special_tokens_to_them() -> None:
+    from rloo.data import encode_prompts
+    from rloo.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    chat = encode_prompts([[{"role": "user", "content": "hi"}]], tok, None)
+    assert tok.decode(chat.ids[0]) == "<user>hi\n<assistant>"
+    text = encode_prompts(["abc", "abcdef"], tok, 4)
+    assert [tok.decode(ids) for ids in text.ids] == ["abc", "cdef"] and text.num_truncated == 1

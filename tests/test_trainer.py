@@ -197,20 +197,10 @@ def test_model_and_tokenizer_from_local_folder_without_pad_token(tmp_path: Path)
 
 
 def test_reward_model_as_reward(tmp_path: Path) -> None:
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from tests.test_scoring import tiny_reward_model
 
     tok = make_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
-    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "rm")
+    tiny_reward_model(tok).save_pretrained(tmp_path / "rm")
     tok.save_pretrained(tmp_path / "rm")
     t = trainer(tmp_path, reward_funcs=[str(tmp_path / "rm")], max_steps=1)
     t.train()
