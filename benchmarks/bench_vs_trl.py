@@ -173,8 +173,8 @@ def generation_speed(model_dir: Path, name: str, prompts: int = 4, k: int = 16, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rloo.rollout import generate_rollouts
-    from rloo.sampling import SamplingParams
+    from rloo.generation.rollout import generate_rollouts
+    from rloo.generation.sampling import SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

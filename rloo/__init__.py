@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return RLOOConfig
     if name == "RLOOTrainer":
-        from rloo.trainer import RLOOTrainer
+        from rloo.training.trainer import RLOOTrainer
 
         return RLOOTrainer
     raise AttributeError(f"module 'rloo' has no attribute {name!r}")

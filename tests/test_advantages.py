@@ -1,4 +1,4 @@
-"""Tests for rloo.advantages: reward combination, clipping, baselines, normalization."""
+"""Tests for rloo.algo.advantages: reward combination, clipping, baselines, normalization."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from rloo.advantages import (
+from rloo.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     LEVELS,
     clip_rewards,

@@ -1,4 +1,4 @@
-"""Monte Carlo checks of the policy-gradient estimators on the softmax bandit (rloo.bandit).
+"""Monte Carlo checks of the policy-gradient estimators on the softmax bandit (rloo.algo.bandit).
 
 Statistics: with M independent groups, the mean estimate of each gradient component is
 approximately normal (CLT) with standard error SE = sd / sqrt(M). An unbiased estimator
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rloo.bandit import (
+from rloo.algo.bandit import (
     estimator_stats,
     exact_gradient,
     sample_gradient_estimates,

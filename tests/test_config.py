@@ -1,4 +1,4 @@
-"""Tests for rloo.config and rloo.presets: validation messages, presets, derived values."""
+"""Tests for rloo.config and rloo.config.presets: validation messages, presets, derived values."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-import rloo.config
-from rloo.advantages import ADVANTAGE_ESTIMATORS
+import rloo.config.rloo_config
+from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
+from rloo.algo.losses import AGGREGATION_MODES
 from rloo.config import RLOOConfig
-from rloo.losses import AGGREGATION_MODES
-from rloo.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
+from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
 
 INF, NAN = math.inf, math.nan
 
@@ -124,7 +124,7 @@ def test_invalid_value_names_field_value_and_fix(kwargs: dict[str, Any], name: s
 def test_every_validated_field_is_covered() -> None:
     # each field with a check in RLOOConfig appears above, so a new check needs a new case
     covered = {case[1] for case in INVALID}
-    source = inspect.getsource(rloo.config)
+    source = inspect.getsource(rloo.config.rloo_config)
     checked = set(re.findall(r'_fail\(\s*"(\w+)"', source)) | {"logging_steps", "save_steps"}
     assert checked <= covered, checked - covered
 

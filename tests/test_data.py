@@ -12,7 +12,7 @@ import torch
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
-from rloo.data import (
+from rloo.data.loading import (
     PromptSampler,
     TokenizedPrompts,
     gather_columns,
@@ -294,7 +294,7 @@ def test_gather_columns_prompt_only_and_bad_repeat() -> None:
 
 
 def test_encode_prompts_renders_chats_and_adds_no_special_tokens_to_them() -> None:
-    from rloo.data import encode_prompts
+    from rloo.data.loading import encode_prompts
     from rloo.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer()

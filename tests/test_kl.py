@@ -1,4 +1,4 @@
-"""Tests for rloo.kl: the k1/k2/k3 estimators and the KL-in-reward penalty."""
+"""Tests for rloo.algo.kl: the k1/k2/k3 estimators and the KL-in-reward penalty."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rloo.kl import (
+from rloo.algo.kl import (
     KL_ESTIMATORS,
     get_kl_estimator,
     kl_k1,

@@ -1,4 +1,4 @@
-"""Tests for rloo.losses: clipped surrogate, token/sequence losses, aggregation, gradients."""
+"""Tests for rloo.algo.losses: clipped surrogate, token/sequence losses, aggregation, gradients."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rloo.losses import (
+from rloo.algo.losses import (
     AGGREGATION_MODES,
     POLICY_LOSSES,
     aggregate_loss,

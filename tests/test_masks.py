@@ -1,4 +1,4 @@
-"""Tests for rloo.masks: completion masks from EOS, truncation."""
+"""Tests for rloo.algo.masks: completion masks from EOS, truncation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rloo.masks import completion_mask_from_ids, mask_truncated
+from rloo.algo.masks import completion_mask_from_ids, mask_truncated
 
 EOS, PAD = 2, 0
 

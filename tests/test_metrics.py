@@ -1,4 +1,4 @@
-"""Tests for rloo.metrics: masked mean, entropy, clip fractions."""
+"""Tests for rloo.algo.stats: masked mean, entropy, clip fractions."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rloo.losses import get_policy_loss
-from rloo.metrics import ClipFractions, clip_fractions, entropy_from_logits, masked_mean
+from rloo.algo.losses import get_policy_loss
+from rloo.algo.stats import ClipFractions, clip_fractions, entropy_from_logits, masked_mean
 
 
 def t(values: list, dtype: torch.dtype = torch.float64) -> torch.Tensor:

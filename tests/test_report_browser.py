@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.report import build_report
+from rloo.cli.report import build_report
 from tests.report_run import NUM_PLOTS, make_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rloo.rewards import (
+from rloo.rewards.builtins import (
     BUILTIN_REWARDS,
     THINK_ANSWER_PATTERN,
     accuracy_reward,
@@ -23,7 +23,7 @@ from rloo.rewards import (
     string_match_reward,
     think_answer_format_reward,
 )
-from rloo.scoring import RewardModelScorer, compute_rewards, reward_func_names
+from rloo.rewards.calling import RewardModelScorer, compute_rewards, reward_func_names
 
 
 def chat(text: str) -> list[dict[str, str]]:
@@ -306,8 +306,8 @@ def test_resolve_bad_params_name_the_reward_and_its_parameters() -> None:
 
 
 def test_resolve_import_string() -> None:
-    assert resolve_reward("rloo.rewards:accuracy_reward") is accuracy_reward
-    built = resolve_reward({"name": "rloo.rewards:format_reward", "pattern": "ok"})
+    assert resolve_reward("rloo.rewards.builtins:accuracy_reward") is accuracy_reward
+    built = resolve_reward({"name": "rloo.rewards.builtins:format_reward", "pattern": "ok"})
     assert built(completions=["ok", "no"]) == [1.0, 0.0]
 
 

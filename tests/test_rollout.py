@@ -1,4 +1,4 @@
-"""Tests for rloo.rollout and rloo.logprobs on a tiny random Llama (offline, CPU).
+"""Tests for rloo.generation.rollout and rloo.generation.logprobs on a tiny random Llama (offline, CPU).
 
 The model's weights are re-drawn larger than Llama's init so that next-token distributions
 are peaked and varied (the stock init gives near-uniform logits and greedy decoding that
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from rloo.logprobs import completion_logprobs, token_logprobs_and_entropy
-from rloo.metrics import entropy_from_logits
-from rloo.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
-from rloo.sampling import SamplingParams
+from rloo.algo.stats import entropy_from_logits
+from rloo.generation.logprobs import completion_logprobs, token_logprobs_and_entropy
+from rloo.generation.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
+from rloo.generation.sampling import SamplingParams
 from rloo.tiny import build_char_tokenizer, build_tiny_llama
 
 TEXTS = ["hello world", "ab", "x = 1 + 2?", "Q"]  # different lengths: left padding differs per row
@@ -289,7 +289,7 @@ def test_same_seed_same_rollout_different_seed_different(model: Any, prompts: li
 
 
 def test_preallocated_cache_layer_matches_concatenation() -> None:
-    from rloo.kv_cache import PreallocatedLayer
+    from rloo.generation.kv_cache import PreallocatedLayer
 
     g = torch.Generator().manual_seed(0)
     keys, values = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 4, 5, generator=g)
@@ -304,7 +304,7 @@ def test_preallocated_cache_layer_matches_concatenation() -> None:
 
 
 def test_selective_logprob_backward_matches_autograd() -> None:
-    from rloo.logprobs import _SelectiveLogprob
+    from rloo.generation.logprobs import _SelectiveLogprob
 
     g = torch.Generator().manual_seed(2)
     z = torch.randn(3, 4, 7, generator=g, dtype=torch.float64, requires_grad=True)

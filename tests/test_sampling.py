@@ -1,4 +1,4 @@
-"""Tests for rloo.sampling: agreement with transformers' logits processors, and sampling."""
+"""Tests for rloo.generation.sampling: agreement with transformers' logits processors, and sampling."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from rloo.sampling import (
+from rloo.generation.sampling import (
     SamplingParams,
     apply_min_p,
     apply_repetition_penalty,
@@ -261,7 +261,7 @@ def test_same_seed_same_tokens_different_seed_different() -> None:
 
 
 def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rloo.sampling import sample_categorical
+    from rloo.generation.sampling import sample_categorical
 
     probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     for u in (0.0, 0.3 / 1.0, 0.999999999, 1.0 - 1e-12):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedModel, PreTrainedTokenizerFast
 
-from rloo.scoring import (
+from rloo.rewards.calling import (
     RewardFunc,
     RewardModelScorer,
     RewardScores,

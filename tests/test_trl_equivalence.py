@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rloo.advantages import clip_rewards, combine_rewards, get_advantage_estimator, normalize_advantages
-from rloo.kl import kl_k1, kl_penalized_rewards
-from rloo.losses import aggregate_loss, sequence_level_loss
+from rloo.algo.advantages import clip_rewards, combine_rewards, get_advantage_estimator, normalize_advantages
+from rloo.algo.kl import kl_k1, kl_penalized_rewards
+from rloo.algo.losses import aggregate_loss, sequence_level_loss
 
 N, G, T, F = 8, 4, 5, 2
 BETA = 0.05

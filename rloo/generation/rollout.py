@@ -2,7 +2,7 @@
 
 The sampling loop is ours rather than ``model.generate``: each prompt is prefilled once
 and its KV cache repeated for its K samples (no K-fold prompt prefill), sampling is one
-fused step (:func:`rloo.sampling.sample_next_token`), the loop stops as soon as every row
+fused step (:func:`rloo.generation.sampling.sample_next_token`), the loop stops as soon as every row
 has emitted EOS, and the log-prob of each sampled token under the sampling policy is
 recorded on the way, so no extra forward pass is needed for it.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rloo.kv_cache import preallocate
-from rloo.masks import completion_mask_from_ids
-from rloo.sampling import SamplingParams, sample_next_token
+from rloo.algo.masks import completion_mask_from_ids
+from rloo.generation.kv_cache import preallocate
+from rloo.generation.sampling import SamplingParams, sample_next_token
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rloo.rollout import position_ids_from_mask
+from rloo.generation.rollout import position_ids_from_mask
 
 
 class _SelectiveLogprob(torch.autograd.Function):

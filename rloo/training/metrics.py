@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rloo.batches import MicroBatchResult
-from rloo.rollout import Rollout
+from rloo.generation.rollout import Rollout
+from rloo.training.batches import MicroBatchResult
 
 
 def _std(values: Tensor) -> float:

@@ -38,13 +38,13 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in output_dir."),
 ) -> None:
     """Train a model with RLOO as described by a YAML run file."""
-    from rloo.runconfig import load_run_file
+    from rloo.cli.run_file import load_run_file
 
     try:
         spec = load_run_file(config, overrides or [])
     except ValueError as err:
         raise _fail(str(err)) from None
-    from rloo.run import train_from_spec
+    from rloo.cli.train import train_from_spec
 
     try:
         train_from_spec(spec, resume=resume, console=errors)
@@ -74,7 +74,7 @@ def evaluate(
     seed: int = typer.Option(0, help="Random seed for sampling."),
 ) -> None:
     """Mean reward and accuracy of a model, greedy and sampled (pass@K)."""
-    from rloo.evaluation import EvalSettings, evaluate_model
+    from rloo.cli.evaluate import EvalSettings, evaluate_model
 
     try:
         columns = dict(c.split("=", 1) for c in column or [])
@@ -99,7 +99,7 @@ def evaluate(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> None:
     """(Re)build RUN_DIR/report.html from the run's metrics and completions."""
-    from rloo.report import build_report
+    from rloo.cli.report import build_report
 
     try:
         path = build_report(run_dir)
@@ -124,8 +124,8 @@ def demo(
     """Offline demo: RLOO fixes a tiny model's imperfectly taught arithmetic (about 3 min on 2 CPU cores)."""
     import time
 
-    from rloo.demo import DemoOptions, run_demo
-    from rloo.report import build_report
+    from rloo.cli.demo import DemoOptions, run_demo
+    from rloo.cli.report import build_report
 
     if output_dir is None:
         output_dir = str(_free_folder(Path("runs/demo")))
@@ -194,7 +194,7 @@ def bandit(
     """Measure the leave-one-out baseline's variance reduction on a softmax bandit."""
     import torch
 
-    from rloo.bandit import exact_gradient, variance_reduction
+    from rloo.algo.bandit import exact_gradient, variance_reduction
 
     theta = torch.tensor([0.5, -0.3, 0.1, 0.8, -1.0], dtype=torch.float64)
     arm_rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.8], dtype=torch.float64)

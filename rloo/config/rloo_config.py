@@ -21,10 +21,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rloo.advantages import ADVANTAGE_ESTIMATORS
-from rloo.kl import KL_ESTIMATORS, KL_PLACEMENTS
-from rloo.losses import AGGREGATION_MODES, POLICY_LOSSES
-from rloo.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
+from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
+from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
+from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
 
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
 REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")

@@ -3,7 +3,7 @@
 Every reward function has TRL's signature: it is called with keyword arguments
 ``prompts``, ``completions``, ``completion_ids``, every dataset column by name and
 ``trainer_state``, and returns one float per completion, or ``None`` where it does not
-apply (see :mod:`rloo.scoring`). Completions may be strings or conversations
+apply (see :mod:`rloo.rewards.calling`). Completions may be strings or conversations
 (``[{"role": "assistant", "content": text}]``); :func:`completion_text` turns either into
 the text that is scored.
 
@@ -16,7 +16,7 @@ Where we depart from TRL's ``trl.rewards``:
 - Factories (``format_reward(pattern)``, ``length_reward(...)``) build named functions, so
   the logged metric is ``rewards/format/mean`` rather than the name of a lambda.
 
-``import rloo.rewards`` stays light: transformers is loaded only by :func:`reward_model`.
+``import rloo.rewards.builtins`` stays light: transformers is loaded only by :func:`reward_model`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rloo.scoring import RewardFunc, RewardModelScorer
+    from rloo.rewards.calling import RewardFunc, RewardModelScorer
 
 Rewards = list[float | None]
 
@@ -302,7 +302,7 @@ def reward_model(path_or_model: Any, tokenizer: Any = None, batch_size: int | No
     ``path_or_model`` is a local folder, hub id or ``PreTrainedModel``; ``tokenizer`` a
     tokenizer or a path to load one from (default: the model's folder).
     """
-    from rloo.scoring import RewardModelScorer
+    from rloo.rewards.calling import RewardModelScorer
 
     if isinstance(tokenizer, str | os.PathLike):
         from transformers import AutoTokenizer

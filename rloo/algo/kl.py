@@ -13,7 +13,7 @@ Placements:
 - ``reward``: ``R_i = r_i - beta * sum_t KL_t`` before the baseline (the RLOO paper and
   TRL); the KL is computed from detached log-probs of the sampling policy.
 - ``loss``: ``beta * KL_t`` is added to every token's loss with gradient (REINFORCE++,
-  GRPO); see :func:`rloo.losses.policy_loss`.
+  GRPO); see :func:`rloo.algo.losses.policy_loss`.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.kl import get_kl_estimator
-from rloo.losses import aggregate_loss, get_policy_loss, per_token_penalty_sum
-from rloo.metrics import ClipFractions, clip_fractions, masked_mean
-from rloo.presets import AlgorithmSpec
+from rloo.algo.kl import get_kl_estimator
+from rloo.algo.losses import aggregate_loss, get_policy_loss, per_token_penalty_sum
+from rloo.algo.stats import ClipFractions, clip_fractions, masked_mean
+from rloo.config.presets import AlgorithmSpec
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def micro_batch_objective(
     """Loss of one micro-batch, scaled so the micro-batches of an optimizer step add up.
 
     ``total_tokens`` / ``total_sequences`` count the whole optimizer step (all its
-    micro-batches), see :func:`rloo.losses.aggregate_loss`.
+    micro-batches), see :func:`rloo.algo.losses.aggregate_loss`.
     """
     eps_low, eps_high = spec.clip_range
     policy = get_policy_loss(spec.ratio_level)(

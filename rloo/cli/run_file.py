@@ -157,7 +157,7 @@ class DatasetSpec:
         """The prompts as a ``datasets.Dataset`` (local file/folder, else the hub)."""
         import datasets
 
-        from rloo.data import load_prompt_dataset
+        from rloo.data.loading import load_prompt_dataset
 
         if Path(self.path).exists():
             raw = _load_local(self.path, self.split)

@@ -1,16 +1,16 @@
-"""``rloo train``: build the trainer from a checked :class:`rloo.runconfig.RunSpec` and run it."""
+"""``rloo train``: build the trainer from a checked :class:`rloo.cli.run_file.RunSpec` and run it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rloo.rewards import resolve_reward
-from rloo.runconfig import RunSpec, build_peft_config
+from rloo.cli.run_file import RunSpec, build_peft_config
+from rloo.rewards.builtins import resolve_reward
 
 
 def build_trainer(spec: RunSpec) -> Any:
     """An ``RLOOTrainer`` for the run file; the resolved run file becomes its ``config.yaml``."""
-    from rloo.trainer import RLOOTrainer
+    from rloo.training.trainer import RLOOTrainer
 
     trainer = RLOOTrainer(
         model=spec.model,
@@ -26,7 +26,7 @@ def build_trainer(spec: RunSpec) -> Any:
 
 def train_from_spec(spec: RunSpec, resume: bool, console: Any) -> Any:
     """Train; afterwards (re)build the run report."""
-    from rloo.report import build_report
+    from rloo.cli.report import build_report
 
     trainer = build_trainer(spec)
     trainer.train(resume_from_checkpoint=True if resume else None)

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rloo.rewards import extract_final_number
-from rloo.rollout import generate_rollouts
-from rloo.sampling import SamplingParams
+from rloo.generation.rollout import generate_rollouts
+from rloo.generation.sampling import SamplingParams
+from rloo.rewards.builtins import extract_final_number
 from rloo.tiny import build_char_tokenizer, build_tiny_llama
 
 DEMO_CHARS = "0123456789+-="
@@ -208,8 +208,8 @@ class DemoResult:
 def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
     """Warm start, then RLOO vs. a same-time supervised control; evaluated on held-out problems."""
     from rloo.config import RLOOConfig
-    from rloo.rewards import accuracy_reward
-    from rloo.trainer import RLOOTrainer
+    from rloo.rewards.builtins import accuracy_reward
+    from rloo.training.trainer import RLOOTrainer
 
     torch.manual_seed(options.seed)
     train, held_out = make_problems(options.seed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.advantages import get_advantage_estimator
+from rloo.algo.advantages import get_advantage_estimator
 
 
 def exact_gradient(theta: Tensor, arm_rewards: Tensor) -> Tensor:

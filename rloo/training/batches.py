@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rloo.metrics import ClipFractions
-from rloo.rollout import Rollout
+from rloo.algo.stats import ClipFractions
+from rloo.generation.rollout import Rollout
 
 
 @dataclass

@@ -10,7 +10,7 @@ One *generation batch* is P prompts x K completions. Each goes through numbered 
 5. update    ``num_iterations`` passes of micro-batches with gradient accumulation,
              clipping, AdamW and the LR schedule; then logging and checkpoints.
 
-Departures from TRL are listed in :mod:`rloo.config` and :mod:`rloo.advantages`.
+Departures from TRL are listed in :mod:`rloo.config` and :mod:`rloo.algo.advantages`.
 """
 
 from __future__ import annotations
@@ -27,15 +27,24 @@ from accelerate.utils import set_seed
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
-from rloo import data as data_lib
-from rloo.advantages import (
+from rloo.algo.advantages import (
     clip_rewards,
     combine_rewards,
     frac_zero_std_groups,
     get_advantage_estimator,
     normalize_advantages,
 )
-from rloo.batches import (
+from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
+from rloo.algo.masks import mask_truncated
+from rloo.algo.objective import MicroBatchInputs, micro_batch_objective
+from rloo.algo.stats import masked_mean
+from rloo.config import RLOOConfig
+from rloo.data import loading as data_lib
+from rloo.generation.logprobs import completion_logprobs
+from rloo.generation.rollout import Rollout, generate_rollouts
+from rloo.generation.sampling import SamplingParams
+from rloo.rewards.calling import as_completions, compute_rewards, load_reward_funcs, reward_func_names
+from rloo.training.batches import (
     MicroBatch,
     MicroBatchResult,
     SampledBatch,
@@ -46,7 +55,7 @@ from rloo.batches import (
     rows_per_pass,
     trainable_rows,
 )
-from rloo.checkpoint import (
+from rloo.training.checkpoints import (
     latest_checkpoint,
     load_checkpoint_states,
     resolve_resume_path,
@@ -55,12 +64,14 @@ from rloo.checkpoint import (
     save_checkpoint,
     save_pretrained_quietly,
 )
-from rloo.config import RLOOConfig
-from rloo.kl import get_kl_estimator, kl_penalized_rewards
-from rloo.logprobs import completion_logprobs
-from rloo.masks import mask_truncated
-from rloo.metrics import masked_mean
-from rloo.models import (
+from rloo.training.metrics import (
+    advantage_metrics,
+    completion_metrics,
+    reward_metrics,
+    update_metrics,
+    write_completions,
+)
+from rloo.training.models import (
     apply_peft,
     build_reference,
     count_parameters,
@@ -71,20 +82,9 @@ from rloo.models import (
     reference_mode,
     resolve_mixed_precision,
 )
-from rloo.objective import MicroBatchInputs, micro_batch_objective
-from rloo.progress import StopRequest, TrainingProgress
-from rloo.rollout import Rollout, generate_rollouts
-from rloo.run_metrics import (
-    advantage_metrics,
-    completion_metrics,
-    reward_metrics,
-    update_metrics,
-    write_completions,
-)
-from rloo.sampling import SamplingParams
-from rloo.scoring import as_completions, compute_rewards, load_reward_funcs, reward_func_names
-from rloo.tracking import MetricsSink, TrainerState, mean_metrics, run_callbacks
-from rloo.weights import load_model_weights
+from rloo.training.progress import StopRequest, TrainingProgress
+from rloo.training.tracking import MetricsSink, TrainerState, mean_metrics, run_callbacks
+from rloo.training.weights import load_model_weights
 
 
 class RLOOTrainer:

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from rloo.data import encode_prompts, gather_columns, is_conversational
-from rloo.rollout import Rollout, generate_rollouts
-from rloo.sampling import SamplingParams
-from rloo.scoring import as_completions, compute_rewards, load_reward_funcs, reward_func_names
+from rloo.data.loading import encode_prompts, gather_columns, is_conversational
+from rloo.generation.rollout import Rollout, generate_rollouts
+from rloo.generation.sampling import SamplingParams
+from rloo.rewards.calling import as_completions, compute_rewards, load_reward_funcs, reward_func_names
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ def evaluate_model(
     ignored) is at least ``success_threshold``; pass@K is the share of prompts with at least
     one correct completion among ``num_samples``.
     """
-    from rloo.models import load_policy, load_tokenizer
-    from rloo.rewards import resolve_reward
-    from rloo.runconfig import DatasetSpec
+    from rloo.cli.run_file import DatasetSpec
+    from rloo.rewards.builtins import resolve_reward
+    from rloo.training.models import load_policy, load_tokenizer
 
     if settings.num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {settings.num_samples}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 from torch import nn
 
-from rloo.models import is_peft_model
+from rloo.training.models import is_peft_model
 
 
 def load_model_weights(model: nn.Module, folder: Path) -> None:

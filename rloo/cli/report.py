@@ -1,6 +1,6 @@
 """A one-page HTML report of a run folder: plots, warnings, sample completions, config.
 
-``build_report(run_dir)`` reads what :class:`rloo.trainer.RLOOTrainer` writes
+``build_report(run_dir)`` reads what :class:`rloo.training.trainer.RLOOTrainer` writes
 (``metrics.jsonl``, ``completions.jsonl``, ``config.yaml``, and ``warnings.log`` when present)
 and writes ``run_dir/report.html``: a single self-contained file (plots are base64 PNGs
 embedded in the page, no external URLs, no JS libraries) that can be mailed or archived.
@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from rloo.diagnostics import Rows, diagnose, finite_series, training_rows
+from rloo.cli.diagnostics import Rows, diagnose, finite_series, training_rows
 
 __all__ = ["build_report", "diagnose"]
 

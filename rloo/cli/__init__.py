@@ -1,0 +1,8 @@
+"""The ``rloo`` command line, run files, evaluation, reports and the demo.
+
+Heavy imports (torch, transformers) happen inside the commands, so ``rloo --help`` is fast.
+"""
+
+from rloo.cli.commands import app, main
+
+__all__ = ["app", "main"]

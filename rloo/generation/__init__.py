@@ -1,0 +1,1 @@
+"""Completions out: the KV-cached sampler, logits processors, and log-probs of completions."""

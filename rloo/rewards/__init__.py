@@ -1,0 +1,2 @@
+"""Scores: built-in reward functions, reward models, calling and checking reward functions,
+and the one resolver that turns names, paths and callables into reward functions."""

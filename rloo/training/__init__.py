@@ -1,0 +1,1 @@
+"""The training loop: ``RLOOTrainer``, its batches, models, checkpoints and logs."""
