@@ -211,7 +211,7 @@ def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Pa
 def test_eval_of_a_missing_reward_exits_2(files: dict[str, Path]) -> None:
     result = invoke("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "acuracy")
     assert result.exit_code == 2
-    assert "unknown reward 'acuracy'" in flat(result.stderr)
+    assert "unknown reward `acuracy`" in flat(result.stderr)
 
 
 # ---------------------------------------------------------------------------- report

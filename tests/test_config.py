@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -172,11 +173,11 @@ def test_default_config_is_valid_on_cpu() -> None:
     config = RLOOConfig()
     assert config.bf16 is None  # bf16 resolved at run time, so no GPU is needed to build it
     assert config.preset == "trl" and config.preset_overrides == {}
-    assert config.report_to == ["none"]
+    assert config.report_to == ("none",)
 
 
 def test_report_to_string_becomes_list() -> None:
-    assert RLOOConfig(report_to="wandb").report_to == ["wandb"]
+    assert RLOOConfig(report_to="wandb").report_to == ("wandb",)
 
 
 # ---------------------------------------------------------------------------- presets
@@ -398,3 +399,35 @@ def test_from_dict_suggests_closest_field() -> None:
     with pytest.raises(ValueError, match="unknown RLOOConfig field `algorithm`"):
         RLOOConfig.from_dict({"algorithm": None})
     assert RLOOConfig.from_dict({"num_generations": 4}).num_generations == 4
+
+
+def test_config_is_frozen_so_a_late_change_is_never_silently_ignored() -> None:
+    # before: `args.beta = 0.5` after construction reached config.yaml while the trainer kept
+    # the resolved copy (beta 0.05): the run file and the run disagreed
+    args = RLOOConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"args\.replace\(beta=\.\.\.\)"):
+        args.beta = 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del args.seed
+    assert args.beta == args.algorithm.beta == args.to_dict()["beta"] == 0.05
+    changed = args.replace(beta=0.5)
+    assert changed.beta == changed.algorithm.beta == changed.to_dict()["beta"] == 0.5
+    assert args.beta == 0.05  # the original is untouched
+
+
+def test_config_containers_are_immutable_too() -> None:
+    args = RLOOConfig(reward_weights=[1.0, 0.5], model_init_kwargs={"dtype": "float32"}, report_to=["none"])
+    assert args.reward_weights == (1.0, 0.5) and args.report_to == ("none",)
+    with pytest.raises(TypeError):
+        args.model_init_kwargs["dtype"] = "bfloat16"  # type: ignore[index]
+    # to_dict gives plain YAML types back
+    values = args.to_dict()
+    assert values["reward_weights"] == [1.0, 0.5] and values["model_init_kwargs"] == {"dtype": "float32"}
+    assert RLOOConfig(**values) == args
+
+
+def test_replace_lets_the_preset_fill_the_knobs_again() -> None:
+    grpo = RLOOConfig(beta=0.1).replace(preset="grpo")
+    assert grpo.algorithm.advantage_estimator == "grpo" and grpo.loss_aggregation == "seq_mean_token_mean"
+    assert grpo.beta == 0.1  # set by hand, so it still wins
+    assert RLOOConfig().replace(preset="grpo").beta == 0.04

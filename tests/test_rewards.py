@@ -343,12 +343,12 @@ def test_resolve_reward_model_folder(reward_model_dir: Path, tmp_path: Path) -> 
 
 
 def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
-    with pytest.raises(ValueError, match=r"unknown reward 'acuracy'; did you mean 'accuracy'\?") as info:
+    with pytest.raises(ValueError, match=r"unknown reward `acuracy`; did you mean `accuracy`\?") as info:
         resolve_reward("acuracy")
     assert "accuracy, exact_match, string_match, format, think_answer_format, length, reward_model" in str(info.value)
-    with pytest.raises(ValueError, match=r"unknown reward 'zzz'\. Built-in rewards"):
+    with pytest.raises(ValueError, match=r"unknown reward `zzz`\. Built-in rewards"):
         resolve_reward("zzz")
-    with pytest.raises(ValueError, match="did you mean 'length'"):
+    with pytest.raises(ValueError, match="did you mean `length`"):
         resolve_reward({"name": "lenght"})
     with pytest.raises(ValueError, match="is a int"):
         resolve_reward(3)

@@ -15,7 +15,6 @@ Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 
 from rloo.config import RLOOConfig
+from rloo.suggest import unknown_name_error
 
 RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft")
 DATASET_KEYS = ("path", "name", "split", "columns", "as_chat", "system_prompt", "limit")
@@ -32,9 +32,8 @@ PEFT_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "
 
 
 def _unknown_key(key: str, valid: list[str] | tuple[str, ...], where: str = "") -> ValueError:
-    close = difflib.get_close_matches(key, list(valid), n=1)
-    hint = f"; did you mean `{close[0]}`?" if close else f"; valid keys: {', '.join(sorted(valid))}"
-    return ValueError(f"unknown key `{where}{key}`{hint}")
+    aliases = PEFT_ALIASES if where == "peft." else None
+    return unknown_name_error("key", key, valid, where=where, list_choices=True, aliases=aliases)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -266,8 +265,6 @@ def build_peft_config(values: dict[str, Any]) -> Any:
 
     names = [f.name for f in dataclasses.fields(LoraConfig)]
     for key in values:
-        if key in PEFT_ALIASES:
-            raise ValueError(f"unknown key `peft.{key}`; did you mean `{PEFT_ALIASES[key]}`?")
         if key not in names:
             raise _unknown_key(key, names, where="peft.")
     return LoraConfig(**{"task_type": "CAUSAL_LM", **values})

@@ -21,7 +21,6 @@ Where we depart from TRL's ``trl.rewards``:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import math
@@ -31,6 +30,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rloo.suggest import unknown_name_error
 
 if TYPE_CHECKING:
     from rloo.rewards.calling import RewardFunc, RewardModelScorer
@@ -382,7 +383,7 @@ def _resolve_name(name: Any, params: dict[str, Any]) -> RewardFunc:
         if not (Path(name) / "config.json").is_file():
             raise ValueError(f"reward folder {os.fspath(name)!r} has no config.json, so it is not a reward model")
         return _build("reward_model", reward_model, {"path_or_model": os.fspath(name), **params})
-    raise ValueError(f"unknown reward {name!r}{_suggestion(name)}. {_choices()}")
+    raise ValueError(f"{unknown_name_error('reward', name, BUILTIN_REWARDS)}. {_choices()}")
 
 
 def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> RewardFunc:
@@ -416,11 +417,6 @@ def _import(spec: str) -> RewardFunc:
     if not callable(obj):
         raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a callable")
     return obj  # type: ignore[no-any-return]
-
-
-def _suggestion(name: Any) -> str:
-    close = difflib.get_close_matches(str(name), BUILTIN_REWARDS, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _choices() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ def resolve_mixed_precision(bf16: bool | None) -> str:
     return "bf16" if use_bf16 else "no"
 
 
-def load_policy(model: str | PreTrainedModel, init_kwargs: dict[str, Any] | None) -> PreTrainedModel:
+def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | None) -> PreTrainedModel:
     """A causal LM from a local folder or hub id (``trust_remote_code`` off by default), or as given."""
     if isinstance(model, PreTrainedModel):
         return model

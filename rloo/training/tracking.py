@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:
 class MetricsSink:
     """Writes logs to ``metrics.jsonl`` and to TensorBoard / W&B when asked for."""
 
-    def __init__(self, output_dir: Path, report_to: list[str], run_config: dict[str, Any]) -> None:
+    def __init__(self, output_dir: Path, report_to: Sequence[str], run_config: dict[str, Any]) -> None:
         self.path = output_dir / "metrics.jsonl"
         self._writers: list[Any] = []
         if "tensorboard" in report_to:

@@ -1,0 +1,168 @@
+"""The checks ``RLOOConfig`` runs once, when constructed.
+
+Every bad value raises ``ValueError("RLOOConfig.<field>=<value> is invalid: <fix>")``: the
+field, the value, and what to set instead (``tests/test_config.py`` has a case per check).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
+from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
+from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+
+if TYPE_CHECKING:
+    from rloo.config.rloo_config import RLOOConfig
+
+LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
+REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")
+
+
+def fail(name: str, value: Any, fix: str) -> ValueError:
+    """The one error format: ``RLOOConfig.<name>=<value> is invalid: <fix>``."""
+    return ValueError(f"RLOOConfig.{name}={value!r} is invalid: {fix}")
+
+
+def validate(config: RLOOConfig) -> None:
+    """Run every check; the first failure raises."""
+    for check in (_check_generation, _check_algorithm, _check_optimization, _check_batches, _check_logging):
+        check(config)
+
+
+def _check_generation(config: RLOOConfig) -> None:
+    if config.num_generations < 2:
+        raise fail(
+            "num_generations",
+            config.num_generations,
+            "the leave-one-out baseline needs at least 2 completions per prompt; use 2 or more (4-8 is typical)",
+        )
+    if config.max_completion_length < 1:
+        raise fail("max_completion_length", config.max_completion_length, "must be >= 1")
+    if config.max_prompt_length is not None and config.max_prompt_length < 1:
+        raise fail("max_prompt_length", config.max_prompt_length, "must be >= 1, or None for no truncation")
+    if not config.temperature > 0:
+        raise fail("temperature", config.temperature, "must be > 0 (use a small value like 0.01 for near-greedy)")
+    if not 0 < config.top_p <= 1:
+        raise fail("top_p", config.top_p, "must be in (0, 1]; 1.0 disables it")
+    if config.top_k < 0:
+        raise fail("top_k", config.top_k, "must be >= 0; 0 disables it")
+    if config.min_p is not None and not 0 <= config.min_p <= 1:
+        raise fail("min_p", config.min_p, "must be in [0, 1], or None to disable it")
+    if not config.repetition_penalty > 0:
+        raise fail("repetition_penalty", config.repetition_penalty, "must be > 0; 1.0 disables it")
+
+
+def _check_algorithm(config: RLOOConfig) -> None:
+    spec = config.algorithm
+    choices: list[tuple[str, str, tuple[str, ...]]] = [
+        ("advantage_estimator", spec.advantage_estimator, tuple(sorted(ADVANTAGE_ESTIMATORS))),
+        ("kl_estimator", spec.kl_estimator, tuple(sorted(KL_ESTIMATORS))),
+        ("kl_placement", spec.kl_placement, KL_PLACEMENTS),
+        ("ratio_level", spec.ratio_level, tuple(sorted(POLICY_LOSSES))),
+        ("loss_aggregation", spec.loss_aggregation, AGGREGATION_MODES),
+    ]
+    for name, value, valid in choices:
+        if value not in valid:
+            raise fail(name, value, f"choose one of {list(valid)}")
+    if spec.beta < 0 or not math.isfinite(spec.beta):
+        raise fail("beta", spec.beta, "the KL coefficient must be a finite number >= 0 (0 disables the KL)")
+    if not spec.epsilon > 0:
+        raise fail("epsilon", spec.epsilon, "the clip range must be > 0 (0.2 is typical)")
+    if not spec.epsilon_high > 0:
+        raise fail("epsilon_high", spec.epsilon_high, "must be > 0 (DAPO uses 0.28), or unset to equal epsilon")
+    if spec.epsilon >= 1:
+        raise fail("epsilon", spec.epsilon, "must be < 1 so that 1 - epsilon stays positive")
+    if config.num_iterations < 1:
+        raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
+    if not config.max_logits_memory_mb > 0:
+        raise fail("max_logits_memory_mb", config.max_logits_memory_mb, "must be > 0 (MiB of logits per pass)")
+    if not config.entropy_coef >= 0:
+        raise fail("entropy_coef", config.entropy_coef, "must be >= 0 (0 disables the entropy bonus)")
+    clip = config.reward_clip_range
+    if clip is not None and (len(clip) != 2 or clip[0] > clip[1]):
+        raise fail("reward_clip_range", config.reward_clip_range, "give (min, max) with min <= max")
+    if config.reward_weights is not None and len(config.reward_weights) == 0:
+        raise fail("reward_weights", config.reward_weights, "give one weight per reward function, or None")
+
+
+def _check_optimization(config: RLOOConfig) -> None:
+    if not config.learning_rate > 0:
+        raise fail("learning_rate", config.learning_rate, "must be > 0 (1e-6 is typical for RL on LLMs)")
+    if config.lr_scheduler_type not in LR_SCHEDULERS:
+        raise fail("lr_scheduler_type", config.lr_scheduler_type, f"choose one of {list(LR_SCHEDULERS)}")
+    if not 0 <= config.warmup_ratio < 1:
+        raise fail("warmup_ratio", config.warmup_ratio, "must be in [0, 1)")
+    if config.warmup_steps < 0:
+        raise fail("warmup_steps", config.warmup_steps, "must be >= 0")
+    if not config.max_grad_norm >= 0:
+        raise fail("max_grad_norm", config.max_grad_norm, "must be >= 0 (0 disables gradient clipping)")
+    if not config.weight_decay >= 0:
+        raise fail("weight_decay", config.weight_decay, "must be >= 0")
+    if config.max_steps == 0 or config.max_steps < -1:
+        raise fail("max_steps", config.max_steps, "must be >= 1, or -1 to train for num_train_epochs")
+    if config.max_steps == -1 and not config.num_train_epochs > 0:
+        raise fail("num_train_epochs", config.num_train_epochs, "must be > 0 when max_steps is -1")
+
+
+def _check_batches(config: RLOOConfig) -> None:
+    if config.per_device_train_batch_size < 1:
+        raise fail("per_device_train_batch_size", config.per_device_train_batch_size, "must be >= 1")
+    if config.gradient_accumulation_steps < 1:
+        raise fail("gradient_accumulation_steps", config.gradient_accumulation_steps, "must be >= 1")
+    if config.generation_batch_size is not None and config.steps_per_generation is not None:
+        raise fail(
+            "generation_batch_size",
+            config.generation_batch_size,
+            "set either generation_batch_size or steps_per_generation, not both",
+        )
+    if config.generation_batch_size is not None and config.generation_batch_size % config.per_device_train_batch_size:
+        raise fail(
+            "generation_batch_size",
+            config.generation_batch_size,
+            f"must be a multiple of per_device_train_batch_size ({config.per_device_train_batch_size})",
+        )
+    if config.steps_per_generation is not None and config.steps_per_generation < 1:
+        raise fail("steps_per_generation", config.steps_per_generation, "must be >= 1")
+    # name the field the user set: generation_batch_size, else steps_per_generation
+    batch_field = "generation_batch_size" if config.generation_batch_size is not None else "steps_per_generation"
+    if config.micro_batches_per_generation % config.gradient_accumulation_steps:
+        value = config.generation_batch_size or config.micro_batches_per_generation
+        raise fail(
+            batch_field,
+            value,
+            f"micro-batches per generation ({config.micro_batches_per_generation}) must be a multiple of "
+            f"gradient_accumulation_steps ({config.gradient_accumulation_steps}) so no optimizer step straddles "
+            "two generation batches",
+        )
+    if config.completions_per_generation % config.num_generations:
+        raise fail("generation_batch_size", config.completions_per_generation, _divisibility_fix(config))
+
+
+def _divisibility_fix(config: RLOOConfig) -> str:
+    """Why the completions of a generation batch must split into groups, and a value that works."""
+    n, k = config.completions_per_generation, config.num_generations
+    why = f"must be divisible by num_generations ({k}) so every prompt's {k} completions are scored together; "
+    if config.generation_batch_size is not None:
+        step = math.lcm(config.per_device_train_batch_size, k) * config.gradient_accumulation_steps
+        return f"the generation batch ({n} completions) {why}e.g. generation_batch_size={math.ceil(n / step) * step}"
+    return (
+        f"the completions per generation batch (per_device_train_batch_size x steps_per_generation = {n}) "
+        f"{why}e.g. per_device_train_batch_size={k * max(1, config.per_device_train_batch_size // k)}"
+    )
+
+
+def _check_logging(config: RLOOConfig) -> None:
+    for name in ("logging_steps", "save_steps"):
+        if getattr(config, name) < 1:
+            raise fail(name, getattr(config, name), "must be >= 1")
+    if config.save_total_limit is not None and config.save_total_limit < 1:
+        raise fail("save_total_limit", config.save_total_limit, "must be >= 1, or None to keep every checkpoint")
+    if config.eval_steps is not None and config.eval_steps < 1:
+        raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
+    for sink in config.report_to:
+        if sink not in REPORT_SINKS:
+            raise fail("report_to", config.report_to, f"each entry must be one of {list(REPORT_SINKS)}")
+    if config.num_completions_to_print < 0:
+        raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0")
