@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-import rloo.config.rloo_config
+import rloo.config.validation
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.losses import AGGREGATION_MODES
 from rloo.config import RLOOConfig
@@ -125,8 +125,8 @@ def test_invalid_value_names_field_value_and_fix(kwargs: dict[str, Any], name: s
 def test_every_validated_field_is_covered() -> None:
     # each field with a check in RLOOConfig appears above, so a new check needs a new case
     covered = {case[1] for case in INVALID}
-    source = inspect.getsource(rloo.config.rloo_config)
-    checked = set(re.findall(r'_fail\(\s*"(\w+)"', source)) | {"logging_steps", "save_steps"}
+    source = inspect.getsource(rloo.config.validation)
+    checked = set(re.findall(r'fail\(\s*"(\w+)"', source)) | {"logging_steps", "save_steps"}
     assert checked <= covered, checked - covered
 
 

@@ -12,15 +12,17 @@ import torch
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
-from rloo.data.loading import (
-    PromptSampler,
+from rloo.data.loading import load_prompt_dataset
+from rloo.data.prompts import (
     TokenizedPrompts,
+    encode_prompts,
     gather_columns,
     is_conversational,
-    load_prompt_dataset,
     render_prompt,
+    repeat_per_completion,
     tokenize_prompts,
 )
+from rloo.data.sampler import PromptSampler
 from rloo.tiny import build_char_tokenizer
 
 ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+3=", "answer": "5"}]
@@ -280,23 +282,21 @@ def test_sampler_rejects_mismatched_state_and_bad_args() -> None:
 # ---------------------------------------------------------------------------- reward columns
 
 
-def test_gather_columns_repeats_each_row_consecutively() -> None:
+def test_gather_columns_then_repeat_each_row_consecutively() -> None:
     ds = datasets.Dataset.from_list([{"prompt": f"p{i}", "answer": str(i), "level": i * 10} for i in range(4)])
-    out = gather_columns(ds, [3, 1], repeat=3)
-    assert out == {"answer": ["3", "3", "3", "1", "1", "1"], "level": [30, 30, 30, 10, 10, 10]}
+    out = gather_columns(ds, [3, 1])
+    assert out == {"answer": ["3", "1"], "level": [30, 10]}
+    assert repeat_per_completion(out["answer"], 3) == ["3", "3", "3", "1", "1", "1"]
 
 
-def test_gather_columns_prompt_only_and_bad_repeat() -> None:
+def test_gather_columns_prompt_only_and_bad_num_generations() -> None:
     ds = datasets.Dataset.from_list([{"prompt": "p"}])
-    assert gather_columns(ds, [0, 0], repeat=2) == {}
-    with pytest.raises(ValueError, match="repeat must be >= 1, got 0"):
-        gather_columns(ds, [0], repeat=0)
+    assert gather_columns(ds, [0, 0]) == {}
+    with pytest.raises(ValueError, match="num_generations must be >= 1, got 0"):
+        repeat_per_completion(["a"], 0)
 
 
 def test_encode_prompts_renders_chats_and_adds_no_special_tokens_to_them() -> None:
-    from rloo.data.loading import encode_prompts
-    from rloo.tiny import build_char_tokenizer
-
     tok = build_char_tokenizer()
     chat = encode_prompts([[{"role": "user", "content": "hi"}]], tok, None)
     assert tok.decode(chat.ids[0]) == "<user>hi\n<assistant>"

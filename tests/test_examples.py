@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rloo.cli.run_file import build_peft_config, load_run_file
-from rloo.rewards.builtins import resolve_reward
+from rloo.rewards.resolve import resolve_reward
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

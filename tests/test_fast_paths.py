@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from tests.test_trainer import dataset, frac7, params, trainer
+from rloo.training.passes import no_grad_logprobs
+from tests.helpers.models import dataset, frac7, params, trainer
 
 
 def first_digit_is_one(prompts: list[str], completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
@@ -81,12 +82,12 @@ def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path)
     assert_same_gradients(one_row, step_gradients(tmp_path / "big", max_logits_memory_mb=1e4, **common))
 
 
-def test_sampler_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:
+def test_sampling_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:
     """KL in the reward uses the sampler's log-probs instead of an extra forward pass."""
     t = trainer(tmp_path, beta=0.05)
     batch = t._generate_and_score()
-    forward = t._no_grad_logprobs(t.model, batch.rollout)
-    torch.testing.assert_close(forward, batch.rollout.sampler_logprobs, rtol=0, atol=1e-5)
+    forward = no_grad_logprobs(t.model, batch.rollout, t.args.temperature, max_rows=batch.num_rows)
+    torch.testing.assert_close(forward, batch.rollout.sampling_logprobs, rtol=0, atol=1e-5)
 
 
 def test_no_old_logprob_pass_when_the_batch_is_used_once(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> 
         batch.rollout,
         batch.loss_mask,
         batch.advantages,
-        plain._no_grad_logprobs(plain.model, batch.rollout),
+        no_grad_logprobs(plain.model, batch.rollout, plain.args.temperature, max_rows=batch.num_rows),
         batch.reference_logprobs,
         batch.metrics,
     )

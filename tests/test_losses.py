@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 
 from rloo.algo.losses import (
     AGGREGATION_MODES,
+    AGGREGATIONS,
     POLICY_LOSSES,
     aggregate_loss,
     clipped_surrogate,
     get_policy_loss,
-    per_token_penalty_sum,
     sequence_level_loss,
     token_level_loss,
 )
+from rloo.algo.masks import masked_row_sum
 
 F64 = torch.float64
 LEVELS = ["token", "sequence"]
@@ -186,13 +187,22 @@ def test_policy_loss_registry() -> None:
         get_policy_loss("word")
 
 
-def test_per_token_penalty_sum_hand_value() -> None:
-    values = t([[0.5, 1.0, 9.0], [2.0, 2.0, 2.0]])
+def test_masked_row_sum_hand_value_ignores_non_finite_padding() -> None:
+    values = t([[0.5, 1.0, math.inf], [math.nan, 2.0, 2.0]])
     mask = t([[1, 1, 0], [0, 1, 1]])
-    # 0.1 * (0.5 + 1.0) = 0.15 ; 0.1 * (2 + 2) = 0.4
-    close(per_token_penalty_sum(values, mask, 0.1), [0.15, 0.4])
-    # entropy-bonus sign: -0.01 * ...
-    close(per_token_penalty_sum(values, mask, -0.01), [-0.015, -0.04])
+    # 0.5 + 1.0 = 1.5 ; 2 + 2 = 4: the inf / nan under the mask never reach the sum
+    close(masked_row_sum(values, mask), [1.5, 4.0])
+
+
+def test_registries_reject_a_duplicate_name_and_carry_formulas() -> None:
+    with pytest.raises(ValueError, match="'token' is already registered"):
+        POLICY_LOSSES.add("token", token_level_loss, "again")
+    with pytest.raises(ValueError, match="needs a formula"):
+        AGGREGATIONS.add("new_mode", AGGREGATIONS["token_mean"], "")
+    assert "new_mode" not in AGGREGATIONS
+    assert AGGREGATIONS.formula("seq_mean_token_sum") == "1/N sum_i S_i"
+    with pytest.raises(ValueError, match=r"unknown loss aggregation 'mean'; choose one of \['seq_mean"):
+        AGGREGATIONS.formula("mean")
 
 
 # --------------------------------------------------------------------------- random batches

@@ -15,7 +15,7 @@ import pytest
 
 from rloo.cli.diagnostics import diagnose
 from rloo.cli.report import build_report
-from tests.report_run import NASTY, NUM_PLOTS, completions, healthy_metrics, make_run
+from tests.helpers.runs import NASTY, NUM_PLOTS, completions, healthy_metrics, make_run
 
 IMG = re.compile(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rloo.cli.report import build_report
-from tests.report_run import NUM_PLOTS, make_run
+from tests.helpers.runs import NUM_PLOTS, make_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -18,12 +18,13 @@ from rloo.rewards.builtins import (
     format_reward,
     length_reward,
     normalize_text,
-    resolve_reward,
-    reward_model,
     string_match_reward,
     think_answer_format_reward,
 )
-from rloo.rewards.calling import RewardModelScorer, compute_rewards, reward_func_names
+from rloo.rewards.calling import compute_rewards, reward_func_names
+from rloo.rewards.resolve import resolve_reward
+from rloo.rewards.reward_model import RewardModelScorer, reward_model
+from tests.helpers.models import tiny_reward_model
 
 
 def chat(text: str) -> list[dict[str, str]]:
@@ -243,7 +244,6 @@ def test_length_reward_custom_and_validation() -> None:
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rloo.tiny import build_char_tokenizer
-    from tests.test_scoring import tiny_reward_model
 
     path = tmp_path_factory.mktemp("models") / "tiny-rm"
     tokenizer = build_char_tokenizer()

@@ -112,7 +112,7 @@ def test_rollout_shapes_groups_and_masks(model: Any, prompts: list[list[int]]) -
     n, tp = len(prompts) * k, max(len(p) for p in prompts)
     tc = r.completion_ids.shape[1]
     assert r.prompt_ids.shape == r.prompt_mask.shape == (n, tp)
-    assert r.completion_ids.shape == r.completion_mask.shape == r.sampler_logprobs.shape == (n, tc)
+    assert r.completion_ids.shape == r.completion_mask.shape == r.sampling_logprobs.shape == (n, tc)
     assert r.truncated.shape == r.group_ids.shape == (n,)
     assert r.completion_mask.dtype == torch.float32 and r.truncated.dtype == torch.bool
     # the K samples of a prompt are consecutive and share the prompt
@@ -134,8 +134,8 @@ def test_rollout_shapes_groups_and_masks(model: Any, prompts: list[list[int]]) -
             first_eos = int(is_eos[row].int().argmax())
             assert length == first_eos + 1  # up to and including the first EOS
             assert (ids_row[length:] == 0).all()  # pad after it
-    assert (r.sampler_logprobs[r.completion_mask == 0] == 0).all()
-    assert (r.sampler_logprobs[r.completion_mask == 1] < 0).all()
+    assert (r.sampling_logprobs[r.completion_mask == 0] == 0).all()
+    assert (r.sampling_logprobs[r.completion_mask == 1] < 0).all()
     assert r.num_completion_tokens == int(r.completion_mask.sum())
 
 
@@ -161,7 +161,7 @@ def test_stops_as_soon_as_every_row_ends(model: Any, prompts: list[list[int]]) -
     ids=repr,
 )
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_sampler_logprobs_equal_forward_pass(
+def test_sampling_logprobs_equal_forward_pass(
     model: Any, prompts: list[list[int]], params: SamplingParams, dtype: torch.dtype
 ) -> None:
     # KV cache + prefix sharing + positions under left padding == one full forward pass.
@@ -175,7 +175,7 @@ def test_sampler_logprobs_equal_forward_pass(
             net, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params.temperature
         ).logprobs
     atol = 1e-5 if dtype == torch.float64 else 1e-4
-    torch.testing.assert_close(forward * r.completion_mask, r.sampler_logprobs, rtol=0, atol=atol)
+    torch.testing.assert_close(forward * r.completion_mask, r.sampling_logprobs, rtol=0, atol=atol)
 
 
 def test_chunked_logprobs_and_entropy_equal_the_full_vocabulary_formulas() -> None:
@@ -281,7 +281,7 @@ def test_same_seed_same_rollout_different_seed_different(model: Any, prompts: li
         return rollout(model, prompts, params=params, generator=torch.Generator().manual_seed(seed))
 
     a, b, c = run(3), run(3), run(4)
-    for name in ("completion_ids", "completion_mask", "truncated", "sampler_logprobs"):
+    for name in ("completion_ids", "completion_mask", "truncated", "sampling_logprobs"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert not torch.equal(a.completion_ids, c.completion_ids)
     # the K samples of a prompt are not copies of each other

@@ -12,17 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel
 
-from rloo.rewards.calling import (
-    RewardFunc,
-    RewardModelScorer,
-    RewardScores,
-    compute_rewards,
-    load_reward_funcs,
-    reward_func_names,
-)
+from rloo.rewards.calling import RewardFunc, RewardScores, compute_rewards, reward_func_names
+from rloo.rewards.resolve import resolve_rewards
+from rloo.rewards.reward_model import RewardModelScorer
 from rloo.tiny import build_char_tokenizer
+from tests.helpers.models import tiny_reward_model
 
 PROMPTS = ["1+1=", "1+1=", "2+2="]
 COMPLETIONS = ["2", "3", "4"]
@@ -254,22 +250,6 @@ def test_sync_function_returning_a_coroutine_is_awaited() -> None:
 # ---------------------------------------------------------------------------- reward models
 
 
-def tiny_reward_model(tokenizer: PreTrainedTokenizerFast, pad: bool = True) -> LlamaForSequenceClassification:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id if pad else None,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return LlamaForSequenceClassification(config).eval()
-
-
 def manual_scores(model: PreTrainedModel, tokenizer: Any, texts: list[str]) -> torch.Tensor:
     """One unpadded forward per text: the reference for the batched, padded scorer."""
     scores = []
@@ -290,7 +270,7 @@ def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_reward_model_by_path_matches_a_manual_forward(reward_model_dir: Path) -> None:
-    funcs = load_reward_funcs([str(reward_model_dir), length])
+    funcs = resolve_rewards([str(reward_model_dir), length])
     assert isinstance(funcs[0], RewardModelScorer)
     assert reward_func_names(funcs) == ["tiny-rm", "length"]
     prompts = ["1+1=", "What is 12*3?", "a"]
@@ -325,7 +305,7 @@ def test_reward_model_conversational_uses_the_chat_template() -> None:
 def test_reward_model_without_pad_token_falls_back_to_eos() -> None:
     tokenizer = build_char_tokenizer(with_pad=False)
     model = tiny_reward_model(tokenizer, pad=False)
-    (scorer,) = load_reward_funcs(model, tokenizer)
+    (scorer,) = resolve_rewards(model, tokenizer)
     assert isinstance(scorer, RewardModelScorer)
     assert tokenizer.pad_token == "</s>" and model.config.pad_token_id == tokenizer.eos_token_id
     texts = ["a", "abcdef"]
@@ -337,24 +317,27 @@ def test_reward_model_without_pad_token_falls_back_to_eos() -> None:
 def test_reward_model_instance_needs_its_tokenizer() -> None:
     model = tiny_reward_model(build_char_tokenizer())
     with pytest.raises(ValueError, match="pass its tokenizer in reward_processing_classes at position 1"):
-        load_reward_funcs([length, model])
+        resolve_rewards([length, model])
     with pytest.raises(ValueError, match="needs its tokenizer"):
         RewardModelScorer(model)
 
 
-# ---------------------------------------------------------------------------- load_reward_funcs
+# ---------------------------------------------------------------------------- resolve_rewards
 
 
-def test_load_reward_funcs_passes_callables_through() -> None:
-    assert load_reward_funcs(length) == [length]
+def test_resolve_rewards_passes_callables_through() -> None:
+    assert resolve_rewards(length) == [length]
     scorer = Scorer()
-    assert load_reward_funcs([length, slow_one, scorer]) == [length, slow_one, scorer]
+    assert resolve_rewards([length, slow_one, scorer]) == [length, slow_one, scorer]
 
 
-def test_load_reward_funcs_rejects_bad_items() -> None:
-    with pytest.raises(ValueError, match=r"reward function 1 is a int; give a callable, a reward model path"):
-        load_reward_funcs([length, 3])
+def test_resolve_rewards_rejects_bad_items() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"reward function 1 \(3\) is a int; give a callable, a name, a dict",
+    ):
+        resolve_rewards([length, 3])
     with pytest.raises(ValueError, match="give at least one reward function"):
-        load_reward_funcs([])
+        resolve_rewards([])
     with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward functions"):
-        load_reward_funcs([length, length], [None])
+        resolve_rewards([length, length], [None])

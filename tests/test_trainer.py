@@ -9,10 +9,20 @@ from typing import Any
 import pytest
 import torch
 
-from rloo import RLOOConfig, RLOOTrainer
-from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
+from rloo import RLOOTrainer
+from rloo.tiny import build_char_tokenizer, save_tiny_model
+from tests.helpers.models import (
+    CHARS,
+    config,
+    dataset,
+    frac7,
+    make_model,
+    make_tokenizer,
+    params,
+    tiny_reward_model,
+    trainer,
+)
 
-CHARS = "0123456789+= "
 TRL_METRICS = [
     "reward",
     "reward_std",
@@ -40,55 +50,6 @@ TRL_METRICS = [
     "timing/train",
     "tokens_per_second",
 ]
-
-
-def make_tokenizer() -> Any:
-    return build_char_tokenizer(CHARS)
-
-
-def make_model(tokenizer: Any, seed: int = 0) -> Any:
-    return build_tiny_llama(len(tokenizer), tokenizer=tokenizer, seed=seed)
-
-
-def dataset(n: int = 40) -> list[dict[str, Any]]:
-    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)][:n]
-
-
-def frac7(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
-    """Share of completion tokens that are the character '7' (token id looked up once)."""
-    seven = make_tokenizer().convert_tokens_to_ids("7")
-    return [sum(t == seven for t in ids) / max(len(ids), 1) for ids in completion_ids]
-
-
-def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
-    values: dict[str, Any] = {
-        "output_dir": str(tmp_path / "run"),
-        "num_generations": 4,
-        "per_device_train_batch_size": 8,
-        "max_completion_length": 6,
-        "learning_rate": 1e-2,
-        "max_steps": 2,
-        "logging_steps": 1,
-        "save_steps": 1000,
-        "seed": 0,
-    }
-    values.update(overrides)
-    return RLOOConfig(**values)
-
-
-def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overrides: Any) -> RLOOTrainer:
-    tok = make_tokenizer()
-    return RLOOTrainer(
-        model=make_model(tok),
-        reward_funcs=reward_funcs,
-        args=config(tmp_path, **overrides),
-        train_dataset=data if data is not None else dataset(),
-        processing_class=tok,
-    )
-
-
-def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
 def test_one_step_changes_parameters_and_logs_every_metric(tmp_path: Path) -> None:
@@ -197,7 +158,6 @@ def test_model_and_tokenizer_from_local_folder_without_pad_token(tmp_path: Path)
 
 
 def test_reward_model_as_reward(tmp_path: Path) -> None:
-    from tests.test_scoring import tiny_reward_model
 
     tok = make_tokenizer()
     tiny_reward_model(tok).save_pretrained(tmp_path / "rm")

@@ -22,6 +22,8 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
+from rloo.algo.registry import Registry
+
 Level = Literal["group", "batch", "none"]
 LEVELS: tuple[str, ...] = ("group", "batch", "none")
 DEFAULT_STD_EPS = 1e-4
@@ -76,19 +78,19 @@ def _per_sample_group_sum(values: Tensor, index: Tensor, num_groups: int) -> Ten
     return sums.index_add_(0, index, values)[index]
 
 
-def _masked_std(values: Tensor, valid: Tensor) -> Tensor:
-    """Sample std (ddof=1) of ``values[valid]`` as a 0-dim tensor; 0 when fewer than 2."""
-    count = valid.sum()
+def _masked_std(values: Tensor, scorable: Tensor) -> Tensor:
+    """Sample std (ddof=1) of ``values[scorable]`` as a 0-dim tensor; 0 when fewer than 2."""
+    count = scorable.sum()
     if count < 2:
         return values.new_zeros(())
-    mean = values[valid].mean()
-    return torch.sqrt(((values[valid] - mean) ** 2).sum() / (count - 1))
+    mean = values[scorable].mean()
+    return torch.sqrt(((values[scorable] - mean) ** 2).sum() / (count - 1))
 
 
 def compute_advantages(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Tensor,
+    scorable: Tensor,
     *,
     mean_level: Level = "group",
     leave_one_out: bool = True,
@@ -97,7 +99,7 @@ def compute_advantages(
 ) -> Tensor:
     """Advantages from rewards with a configurable baseline and scale.
 
-    ``A_i = (r_i - b_i) / (s_i + eps)`` where, over the *valid* (scorable) completions,
+    ``A_i = (r_i - b_i) / (s_i + eps)`` where, over the *scorable* completions,
 
     - ``b_i`` (``mean_level``): ``group`` -> mean of i's group, ``batch`` -> mean of the
       batch, ``none`` -> 0. With ``leave_one_out`` the mean leaves r_i out:
@@ -107,12 +109,12 @@ def compute_advantages(
       i's group / the batch; with ``none`` there is no division and no eps.
 
     Rules: invalid completions get advantage 0 and enter no statistic. When the baseline
-    or the std is taken per group, a completion whose group has fewer than 2 valid members
+    or the std is taken per group, a completion whose group has fewer than 2 scorable members
     gets advantage 0 (it has no other sample to compare with).
 
     Args:
         rewards: ``(N,)`` float. group_ids: ``(N,)`` int, equal for the K samples of a
-            prompt. valid: ``(N,)`` bool (scorable).
+            prompt. scorable: ``(N,)`` bool, False where no reward function applied.
 
     Raises:
         ValueError: a leave-one-out baseline on a batch where no group has 2 members,
@@ -120,14 +122,14 @@ def compute_advantages(
     """
     if mean_level not in LEVELS or std_level not in LEVELS:
         raise ValueError(f"mean_level and std_level must be one of {LEVELS}, got {mean_level!r}, {std_level!r}")
-    if not (rewards.shape == group_ids.shape == valid.shape) or rewards.dim() != 1:
+    if not (rewards.shape == group_ids.shape == scorable.shape) or rewards.dim() != 1:
         raise ValueError(
-            "rewards, group_ids and valid must all be (N,), got "
-            f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(valid.shape)}"
+            "rewards, group_ids and scorable must all be (N,), got "
+            f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(scorable.shape)}"
         )
     index, num_groups = _dense_group_index(group_ids)
-    ones = valid.to(rewards.dtype)
-    r = torch.where(valid, rewards, 0.0)
+    ones = scorable.to(rewards.dtype)
+    r = torch.where(scorable, rewards, 0.0)
     group_size = torch.bincount(index, minlength=num_groups)
     if leave_one_out and mean_level == "group" and rewards.numel() > 0 and group_size.max() < 2:
         raise ValueError(
@@ -135,7 +137,7 @@ def compute_advantages(
             "here has 1. Set num_generations >= 2."
         )
     group_count = _per_sample_group_sum(ones, index, num_groups)
-    too_small = torch.zeros_like(valid)
+    too_small = torch.zeros_like(scorable)
     if mean_level == "group":
         total, count = _per_sample_group_sum(r, index, num_groups), group_count
         too_small = too_small | (group_count < 2)
@@ -151,74 +153,90 @@ def compute_advantages(
 
     if std_level == "group":
         mean = _per_sample_group_sum(r, index, num_groups) / group_count.clamp(min=1)
-        sq = _per_sample_group_sum(torch.where(valid, (r - mean) ** 2, 0.0), index, num_groups)
+        sq = _per_sample_group_sum(torch.where(scorable, (r - mean) ** 2, 0.0), index, num_groups)
         std = torch.sqrt(sq / (group_count - 1).clamp(min=1))
         advantages = advantages / (std + eps)
         too_small = too_small | (group_count < 2)
     elif std_level == "batch":
-        advantages = advantages / (_masked_std(r, valid) + eps)
-    return torch.where(valid & ~too_small, advantages, 0.0)
+        advantages = advantages / (_masked_std(r, scorable) + eps)
+    return torch.where(scorable & ~too_small, advantages, 0.0)
 
 
-def normalize_advantages(advantages: Tensor, valid: Tensor, eps: float = DEFAULT_STD_EPS) -> Tensor:
+def normalize_advantages(advantages: Tensor, scorable: Tensor, eps: float = DEFAULT_STD_EPS) -> Tensor:
     """Batch whitening after the baseline: ``(A - mean(A)) / (std(A) + eps)``.
 
-    Statistics over valid completions only (std with ddof=1, as TRL's ``advantages.std()``);
+    Statistics over scorable completions only (std with ddof=1, as TRL's ``advantages.std()``);
     invalid completions stay at 0. Shapes ``(N,)``.
     """
-    if valid.sum() == 0:
+    if scorable.sum() == 0:
         return advantages
-    mean = advantages[valid].mean()
-    whitened = (advantages - mean) / (_masked_std(advantages, valid) + eps)
-    return torch.where(valid, whitened, 0.0)
+    mean = advantages[scorable].mean()
+    whitened = (advantages - mean) / (_masked_std(advantages, scorable) + eps)
+    return torch.where(scorable, whitened, 0.0)
 
 
 class AdvantageEstimator(Protocol):
     """The one signature every registered estimator has."""
 
-    def __call__(self, rewards: Tensor, group_ids: Tensor, valid: Tensor, *, eps: float = ...) -> Tensor: ...
+    def __call__(self, rewards: Tensor, group_ids: Tensor, scorable: Tensor, *, eps: float = ...) -> Tensor: ...
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    # A_i = r_i - mean_{j != i} r_j (Ahmadian et al. 2024; TRL's RLOOTrainer)
-    "rloo": functools.partial(compute_advantages, mean_level="group", leave_one_out=True, std_level="none"),
-    # A_i = (r_i - mean_group) / (std_group + eps) (Shao et al. 2024)
-    "grpo": functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="group"),
-    # A_i = r_i - mean_group (Dr. GRPO: no std scaling)
-    "group_mean": functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="none"),
-    # A_i = r_i (plain REINFORCE, no baseline)
-    "reinforce": functools.partial(compute_advantages, mean_level="none", leave_one_out=False, std_level="none"),
-    # A_i = (r_i - mean_batch) / (std_batch + eps) (REINFORCE++, Hu 2025)
-    "reinforce_pp": functools.partial(compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"),
-    # A_i = (r_i - mean_group) / (std_batch + eps) (REINFORCE++-baseline)
-    "reinforce_pp_baseline": functools.partial(
-        compute_advantages, mean_level="group", leave_one_out=False, std_level="batch"
-    ),
-}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+# Ahmadian et al. 2024; TRL's RLOOTrainer
+ADVANTAGE_ESTIMATORS.add(
+    "rloo",
+    functools.partial(compute_advantages, mean_level="group", leave_one_out=True, std_level="none"),
+    "A_i = R_i - 1/(K-1) sum_{j!=i} R_j",
+)
+# Shao et al. 2024
+ADVANTAGE_ESTIMATORS.add(
+    "grpo",
+    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="group"),
+    "A_i = (R_i - mean_group R) / (std_group R + 1e-4)",
+)
+# Dr. GRPO: no std scaling
+ADVANTAGE_ESTIMATORS.add(
+    "group_mean",
+    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="none"),
+    "A_i = R_i - mean_group R",
+)
+# plain REINFORCE, no baseline
+ADVANTAGE_ESTIMATORS.add(
+    "reinforce",
+    functools.partial(compute_advantages, mean_level="none", leave_one_out=False, std_level="none"),
+    "A_i = R_i",
+)
+# REINFORCE++ (Hu 2025)
+ADVANTAGE_ESTIMATORS.add(
+    "reinforce_pp",
+    functools.partial(compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"),
+    "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)",
+)
+# REINFORCE++-baseline
+ADVANTAGE_ESTIMATORS.add(
+    "reinforce_pp_baseline",
+    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="batch"),
+    "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)",
+)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
     """Look an estimator up by name; an unknown name lists the valid ones."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+    return ADVANTAGE_ESTIMATORS.get_entry(name)
 
 
-def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, valid: Tensor, atol: float = 1e-6) -> float:
-    """Fraction of groups whose valid rewards are all equal (so every advantage is 0).
+def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, scorable: Tensor, atol: float = 1e-6) -> float:
+    """Fraction of groups whose scorable rewards are all equal (so every advantage is 0).
 
-    Groups with fewer than 2 valid members count as zero-std. Shapes ``(N,)``.
+    Groups with fewer than 2 scorable members count as zero-std. Shapes ``(N,)``.
     """
     index, num_groups = _dense_group_index(group_ids)
     r = rewards.to(torch.float64)
     high = torch.full((num_groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, index[valid], r[valid], reduce="amax"
+        0, index[scorable], r[scorable], reduce="amax"
     )
     low = torch.full((num_groups,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, index[valid], r[valid], reduce="amin"
+        0, index[scorable], r[scorable], reduce="amin"
     )
     spread = torch.where(torch.isfinite(high - low), high - low, 0.0)
     return float((spread <= atol).to(torch.float64).mean()) if num_groups else 0.0

@@ -13,18 +13,19 @@ Placements:
 - ``reward``: ``R_i = r_i - beta * sum_t KL_t`` before the baseline (the RLOO paper and
   TRL); the KL is computed from detached log-probs of the sampling policy.
 - ``loss``: ``beta * KL_t`` is added to every token's loss with gradient (REINFORCE++,
-  GRPO); see :func:`rloo.algo.losses.policy_loss`.
+  GRPO); see :mod:`rloo.algo.objective`.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-KLPlacement = Literal["reward", "loss"]
-KL_PLACEMENTS: tuple[str, ...] = ("reward", "loss")
+from rloo.algo.masks import masked_row_sum
+from rloo.algo.registry import Registry
 
 
 def kl_k1(logprobs: Tensor, reference_logprobs: Tensor) -> Tensor:
@@ -49,24 +50,42 @@ class KLEstimator(Protocol):
     def __call__(self, logprobs: Tensor, reference_logprobs: Tensor) -> Tensor: ...
 
 
-KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+KL_ESTIMATORS.add("k1", kl_k1, "k1_t = log pi_t - log pi_ref_t")
+KL_ESTIMATORS.add("k2", kl_k2, "k2_t = 1/2 (log pi_t - log pi_ref_t)^2")
+KL_ESTIMATORS.add("k3", kl_k3, "k3_t = exp(log pi_ref_t - log pi_t) - (log pi_ref_t - log pi_t) - 1")
 
 
 def get_kl_estimator(name: str) -> KLEstimator:
     """Look a KL estimator up by name; an unknown name lists the valid ones."""
-    try:
-        return KL_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown KL estimator {name!r}; choose one of {sorted(KL_ESTIMATORS)}") from None
+    return KL_ESTIMATORS.get_entry(name)
+
+
+@dataclass(frozen=True)
+class KLPlacement:
+    """Where ``beta * KL`` goes; :meth:`coefficients` splits ``beta`` between the two places."""
+
+    in_reward: bool
+
+    def coefficients(self, beta: float) -> tuple[float, float]:
+        """``(beta in the reward, beta in the loss)``: one of them is 0."""
+        return (beta, 0.0) if self.in_reward else (0.0, beta)
+
+
+KL_PLACEMENTS: Registry[KLPlacement] = Registry("KL placement")
+KL_PLACEMENTS.add("reward", KLPlacement(in_reward=True), "R_i = r_i - beta * sum_t KL_t, before the baseline")
+KL_PLACEMENTS.add("loss", KLPlacement(in_reward=False), "S_i += beta * sum_t KL_t, with gradient")
+
+
+def get_kl_placement(name: str) -> KLPlacement:
+    """Look a KL placement up by name; an unknown name lists the valid ones."""
+    return KL_PLACEMENTS.get_entry(name)
 
 
 def sequence_kl(per_token_kl: Tensor, completion_mask: Tensor) -> Tensor:
-    """``KL_i = sum_t mask_it * KL_it``: ``(N, T), (N, T) -> (N,)``.
-
-    Masked positions are selected away rather than multiplied by 0, so a non-finite value
-    there (padding) cannot turn the sum into NaN.
-    """
-    return torch.where(completion_mask != 0, per_token_kl * completion_mask, 0.0).sum(dim=-1)
+    """``KL_i = sum_t mask_it * KL_it``: ``(N, T), (N, T) -> (N,)`` (a non-finite value at a masked
+    position cannot leak into the sum, see :func:`rloo.algo.masks.masked_row_sum`)."""
+    return masked_row_sum(per_token_kl, completion_mask)
 
 
 def kl_penalized_rewards(rewards: Tensor, per_token_kl: Tensor, completion_mask: Tensor, beta: float) -> Tensor:

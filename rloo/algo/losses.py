@@ -20,19 +20,13 @@ is reduced to a scalar by an aggregation mode, see :func:`aggregate_loss`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-RatioLevel = Literal["token", "sequence"]
-AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
-AGGREGATION_MODES: tuple[str, ...] = (
-    "token_mean",
-    "seq_mean_token_mean",
-    "seq_mean_token_sum",
-    "seq_mean_token_sum_norm",
-)
+from rloo.algo.masks import masked_row_sum
+from rloo.algo.registry import Registry
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
@@ -46,11 +40,13 @@ class PolicyLossOutput:
     """Per-completion summed loss and the ratio it was built from.
 
     sequence_loss: ``(N,)`` ``S_i``. ratio: ``(N, T)`` for token level, ``(N, 1)`` for
-    sequence level (the shape the clip decisions were taken at).
+    sequence level (the shape the clip decisions were taken at). action_mask: same shape as
+    ``ratio``, the actions that count (the mask for tokens; every completion for sequences).
     """
 
     sequence_loss: Tensor
     ratio: Tensor
+    action_mask: Tensor
 
 
 class PolicyLoss(Protocol):
@@ -86,7 +82,7 @@ def token_level_loss(
     """``S_i = sum_t m_it * l(rho_it, A_i)`` with ``rho_it = exp(log pi_it - log pi_old_it)``."""
     ratio = torch.exp(_masked_log_ratio(logprobs, old_logprobs, completion_mask))
     per_token = clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
-    return PolicyLossOutput((per_token * completion_mask).sum(dim=1), ratio)
+    return PolicyLossOutput(masked_row_sum(per_token, completion_mask), ratio, completion_mask)
 
 
 def sequence_level_loss(
@@ -98,20 +94,62 @@ def sequence_level_loss(
     eps_high: float,
 ) -> PolicyLossOutput:
     """``S_i = l(rho_i, A_i)`` with ``rho_i = exp(sum_t m_it (log pi_it - log pi_old_it))``."""
-    log_ratio = (_masked_log_ratio(logprobs, old_logprobs, completion_mask) * completion_mask).sum(dim=1)
+    log_ratio = masked_row_sum(_masked_log_ratio(logprobs, old_logprobs, completion_mask), completion_mask)
     ratio = torch.exp(log_ratio)
-    return PolicyLossOutput(clipped_surrogate(ratio, advantages, eps_low, eps_high), ratio.unsqueeze(1))
+    sequence_loss = clipped_surrogate(ratio, advantages, eps_low, eps_high)
+    return PolicyLossOutput(sequence_loss, ratio.unsqueeze(1), torch.ones_like(ratio).unsqueeze(1))
 
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"token": token_level_loss, "sequence": sequence_level_loss}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("ratio level")
+POLICY_LOSSES.add("token", token_level_loss, "rho_it = exp(log pi_t - log pi_old_t), one per token")
+POLICY_LOSSES.add("sequence", sequence_level_loss, "rho_i = exp(sum_t log pi_t - log pi_old_t), one per completion")
 
 
 def get_policy_loss(ratio_level: str) -> PolicyLoss:
     """Look the policy loss up by ratio level; an unknown name lists the valid ones."""
-    try:
-        return POLICY_LOSSES[ratio_level]
-    except KeyError:
-        raise ValueError(f"unknown ratio level {ratio_level!r}; choose one of {sorted(POLICY_LOSSES)}") from None
+    return POLICY_LOSSES.get_entry(ratio_level)
+
+
+class Aggregation(Protocol):
+    """Per-completion summed losses ``S_i: (N,)`` and lengths ``L_i: (N,)`` -> one scalar."""
+
+    def __call__(
+        self, sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
+    ) -> Tensor: ...
+
+
+AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
+
+
+@AGGREGATIONS.register("token_mean", "sum_i S_i / sum_i |o_i|")
+def _token_mean(
+    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
+) -> Tensor:
+    return sequence_loss.sum() / max(num_tokens, 1.0)
+
+
+@AGGREGATIONS.register("seq_mean_token_mean", "1/N sum_i S_i / |o_i|")
+def _seq_mean_token_mean(
+    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
+) -> Tensor:
+    return (sequence_loss / lengths.clamp(min=1.0)).sum() / max(num_sequences, 1.0)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum", "1/N sum_i S_i")
+def _seq_mean_token_sum(
+    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
+) -> Tensor:
+    return sequence_loss.sum() / max(num_sequences, 1.0)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm", "1/(N T_max) sum_i S_i")
+def _seq_mean_token_sum_norm(
+    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
+) -> Tensor:
+    return sequence_loss.sum() / (max(num_sequences, 1.0) * max_length)
+
+
+AGGREGATION_MODES: tuple[str, ...] = tuple(AGGREGATIONS)
 
 
 def aggregate_loss(
@@ -139,27 +177,10 @@ def aggregate_loss(
     split into micro-batches, so the micro-batch losses add up to the full-batch loss.
     Completions with ``L_i = 0`` (fully masked) count as 1 token in ``S_i / L_i``.
     """
+    aggregation = AGGREGATIONS.get_entry(mode)
+    if mode == "seq_mean_token_sum_norm" and max_completion_length is None:
+        raise ValueError("seq_mean_token_sum_norm needs max_completion_length")
     lengths = completion_mask.sum(dim=1)
+    num_tokens = float(lengths.sum()) if total_tokens is None else total_tokens
     num_sequences = float(sequence_loss.shape[0]) if total_sequences is None else total_sequences
-    if mode == "token_mean":
-        denominator = lengths.sum().clamp(min=1.0) if total_tokens is None else max(total_tokens, 1.0)
-        return sequence_loss.sum() / denominator
-    if mode == "seq_mean_token_mean":
-        return (sequence_loss / lengths.clamp(min=1.0)).sum() / max(num_sequences, 1.0)
-    if mode == "seq_mean_token_sum":
-        return sequence_loss.sum() / max(num_sequences, 1.0)
-    if mode == "seq_mean_token_sum_norm":
-        if max_completion_length is None:
-            raise ValueError("seq_mean_token_sum_norm needs max_completion_length")
-        return sequence_loss.sum() / (max(num_sequences, 1.0) * max_completion_length)
-    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {list(AGGREGATION_MODES)}")
-
-
-def per_token_penalty_sum(per_token_values: Tensor, completion_mask: Tensor, coef: float) -> Tensor:
-    """``coef * sum_t m_it * v_it``: ``(N, T) -> (N,)``; adds a per-token term to ``S_i``.
-
-    Used for the KL-in-loss penalty (``+beta * KL_t``) and the entropy bonus
-    (``-entropy_coef * H_t``).
-    """
-    masked = torch.where(completion_mask != 0, per_token_values * completion_mask, 0.0)
-    return coef * masked.sum(dim=1)
+    return aggregation(sequence_loss, lengths, num_tokens, num_sequences, max_completion_length or 1)

@@ -34,6 +34,16 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: Sequence[int
     return mask, ~has_eos
 
 
+def masked_row_sum(values: Tensor, mask: Tensor) -> Tensor:
+    """``sum_t m_it * v_it``: ``(N, T), (N, T) -> (N,)`` (any leading shape; sums the last dim).
+
+    Masked positions are selected away rather than multiplied by 0, so a non-finite value
+    there (padding, a log-ratio of -inf) cannot turn the sum into NaN. The one masked row
+    sum of the package: KL sums, per-completion losses, penalties.
+    """
+    return torch.where(mask != 0, values * mask, 0.0).sum(dim=-1)
+
+
 def mask_truncated(completion_mask: Tensor, truncated: Tensor) -> Tensor:
     """Zero the whole row of every truncated completion: ``(N, T), (N,) -> (N, T)``.
 

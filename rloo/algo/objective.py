@@ -1,30 +1,34 @@
-"""The training objective of one micro-batch, assembled from the pure math modules.
+"""The training objective of one pass over rows, assembled from the pure math modules.
 
 ``loss = aggregate_i( S_i )`` with, per completion i,
 
     S_i = policy_loss_i(rho, A_i)                      (clipped surrogate, token or sequence)
-          + beta * sum_t KL_t          if the KL is placed in the loss
-          - entropy_coef * sum_t H_t   if an entropy bonus is on
+          + kl_coef * sum_t KL_t                       (KL in the loss; kl_coef = 0 otherwise)
+          - entropy_coef * sum_t H_t                   (entropy bonus; 0 disables it)
 
-all over the loss mask (completion tokens up to EOS; none for masked truncated ones).
+all over the loss mask (completion tokens up to EOS; none for masked truncated ones). Takes
+tensors, scalars and registry names only: no config object, no model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from rloo.algo.kl import get_kl_estimator
-from rloo.algo.losses import aggregate_loss, get_policy_loss, per_token_penalty_sum
+from rloo.algo.losses import aggregate_loss, get_policy_loss
+from rloo.algo.masks import masked_row_sum
 from rloo.algo.stats import ClipFractions, clip_fractions, masked_mean
-from rloo.config.presets import AlgorithmSpec
 
 
 @dataclass(frozen=True)
-class MicroBatchInputs:
-    """Tensors of one micro-batch; ``(n, T)`` per token, ``(n,)`` per completion."""
+class ObjectiveInputs:
+    """Tensors of the rows of one pass; ``(n, T)`` per token, ``(n,)`` per completion.
+
+    ``entropy`` carries a gradient when there is an entropy bonus; ``reference_logprobs``
+    is needed only for the KL in the loss.
+    """
 
     logprobs: Tensor
     old_logprobs: Tensor
@@ -36,49 +40,58 @@ class MicroBatchInputs:
 
 @dataclass(frozen=True)
 class ObjectiveOutput:
+    """``loss``: the scalar to backpropagate; ``clip``: clip fractions; ``kl``: mean KL in the loss."""
+
     loss: Tensor
     clip: ClipFractions
     kl: float | None
 
 
-def micro_batch_objective(
-    inputs: MicroBatchInputs,
-    spec: AlgorithmSpec,
+def policy_objective(
+    inputs: ObjectiveInputs,
     *,
-    entropy_coef: float,
+    ratio_level: str,
+    eps_low: float,
+    eps_high: float,
+    aggregation: str,
     total_tokens: float,
     total_sequences: float,
     max_completion_length: int,
+    kl_estimator: str = "k1",
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
 ) -> ObjectiveOutput:
-    """Loss of one micro-batch, scaled so the micro-batches of an optimizer step add up.
+    """Loss of one pass, scaled so the passes of an optimizer step add up to its loss.
 
-    ``total_tokens`` / ``total_sequences`` count the whole optimizer step (all its
-    micro-batches), see :func:`rloo.algo.losses.aggregate_loss`.
+    ``ratio_level`` / ``aggregation`` / ``kl_estimator`` are registry names
+    (:data:`rloo.algo.losses.POLICY_LOSSES`, :data:`rloo.algo.losses.AGGREGATIONS`,
+    :data:`rloo.algo.kl.KL_ESTIMATORS`). ``eps_low = eps_high = inf`` turns clipping off.
+    ``kl_coef`` is beta when the KL is placed in the loss, else 0 (see
+    :class:`rloo.algo.kl.KLPlacement`). ``total_tokens`` / ``total_sequences`` count the
+    whole optimizer step (all its passes), see :func:`rloo.algo.losses.aggregate_loss`.
     """
-    eps_low, eps_high = spec.clip_range
-    policy = get_policy_loss(spec.ratio_level)(
+    policy = get_policy_loss(ratio_level)(
         inputs.logprobs, inputs.old_logprobs, inputs.advantages, inputs.loss_mask, eps_low, eps_high
     )
     sequence_loss = policy.sequence_loss
     kl_value = None
-    if spec.beta > 0 and spec.kl_placement == "loss":
+    if kl_coef > 0:
         if inputs.reference_logprobs is None:
             raise ValueError("KL in the loss needs reference log-probs")
-        per_token_kl = get_kl_estimator(spec.kl_estimator)(inputs.logprobs, inputs.reference_logprobs)
-        sequence_loss = sequence_loss + per_token_penalty_sum(per_token_kl, inputs.loss_mask, spec.beta)
+        per_token_kl = get_kl_estimator(kl_estimator)(inputs.logprobs, inputs.reference_logprobs)
+        sequence_loss = sequence_loss + kl_coef * masked_row_sum(per_token_kl, inputs.loss_mask)
         kl_value = float(masked_mean(per_token_kl.detach(), inputs.loss_mask))
     if entropy_coef > 0:
         if inputs.entropy is None:
             raise ValueError("an entropy bonus needs the entropy with gradient")
-        sequence_loss = sequence_loss - per_token_penalty_sum(inputs.entropy, inputs.loss_mask, entropy_coef)
+        sequence_loss = sequence_loss - entropy_coef * masked_row_sum(inputs.entropy, inputs.loss_mask)
     loss = aggregate_loss(
         sequence_loss,
         inputs.loss_mask,
-        spec.loss_aggregation,
+        aggregation,
         total_tokens=total_tokens,
         total_sequences=total_sequences,
         max_completion_length=max_completion_length,
     )
-    action_mask = torch.ones_like(policy.ratio) if spec.ratio_level == "sequence" else inputs.loss_mask
-    clip = clip_fractions(policy.ratio.detach(), inputs.advantages, action_mask, eps_low, eps_high)
+    clip = clip_fractions(policy.ratio.detach(), inputs.advantages, policy.action_mask, eps_low, eps_high)
     return ObjectiveOutput(loss, clip, kl_value)

@@ -1,4 +1,4 @@
-"""Metric helpers: entropy, clip fractions, masked means. Pure torch.
+"""Statistics of a batch: entropy, clip fractions, masked means. Pure torch.
 
 Clip fractions follow TRL: a completion (sequence-level ratio) or token (token-level
 ratio) is "low-clipped" when ``rho < 1 - eps_low`` and ``A < 0``, "high-clipped" when
@@ -13,20 +13,31 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rloo.algo.masks import masked_row_sum
+
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """``sum(v * m) / max(sum(m), 1)`` over all elements; 0-dim tensor."""
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    """``sum(v * m) / max(sum(m), 1)`` over all elements; 0-dim tensor (masked values never leak)."""
+    return masked_row_sum(values, mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def softmax_entropy(z: Tensor, lse: Tensor | None = None) -> Tensor:
+    """Entropy of ``softmax(z)``: ``H = sum_v p_v (logsumexp(z) - z_v)`` with ``p = softmax(z)``.
+
+    ``z: (..., V) -> (...)``; ``lse: (...)`` is ``logsumexp(z)`` when the caller has it
+    already. ``lse - z_v = -log p_v`` is formed first, so large logits do not cancel
+    (``logsumexp(z) - sum_v p_v z_v`` loses 1e-4 in float32 at logits near 50). The one
+    entropy formula of the package (metrics, the entropy bonus).
+    """
+    if lse is None:
+        lse = torch.logsumexp(z, dim=-1)
+    neg_logp = lse.unsqueeze(-1) - z
+    return (torch.exp(-neg_logp) * neg_logp).sum(dim=-1)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the softmax distribution: ``H = logsumexp(z) - sum_v softmax(z)_v z_v``.
-
-    ``logits: (..., V) -> (...)``. Computed in float32 at least for stability.
-    """
-    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    probs = torch.softmax(z, dim=-1)
-    return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)
+    """:func:`softmax_entropy` of ``logits: (..., V)``, in float32 at least for stability."""
+    return softmax_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits)
 
 
 @dataclass(frozen=True)

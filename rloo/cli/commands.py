@@ -41,13 +41,13 @@ def train(
     from rloo.cli.run_file import load_run_file
 
     try:
-        spec = load_run_file(config, overrides or [])
+        run_file = load_run_file(config, overrides or [])
     except ValueError as err:
         raise _fail(str(err)) from None
-    from rloo.cli.train import train_from_spec
+    from rloo.cli.run_file import train_from_run_file
 
     try:
-        train_from_spec(spec, resume=resume, console=errors)
+        train_from_run_file(run_file, resume=resume, console=errors)
     except ValueError as err:
         raise _fail(str(err)) from None
     except KeyboardInterrupt:
@@ -60,36 +60,57 @@ def train(
 @app.command("eval")
 def evaluate(
     model: str = typer.Option(..., help="Model folder, checkpoint folder or hub id."),
-    dataset: str = typer.Option(..., help="Dataset path or hub id with a `prompt` column."),
-    reward: list[str] = typer.Option(..., help="Reward: built-in name, module:function, or reward-model folder."),
-    split: str = typer.Option("test", help="Dataset split."),
+    dataset: str = typer.Option(None, help="Dataset path or hub id with a `prompt` column [default: the run file's]."),
+    reward: list[str] = typer.Option(None, help="Reward: built-in name, module:function, or reward-model folder."),
+    reward_weight: list[float] = typer.Option(None, help="One weight per --reward [default: 1 each]."),
+    run_file: Path = typer.Option(
+        None, help="A run file (e.g. RUN_DIR/config.yaml): its rewards, weights, dataset and lengths are the defaults."
+    ),
+    split: str = typer.Option("test", help="Dataset split (without --run-file)."),
     column: list[str] = typer.Option(None, help="Column renames old=new, e.g. question=prompt."),
-    num_samples: int = typer.Option(4, help="K samples per prompt for pass@K and the sampled mean."),
-    max_completion_length: int = typer.Option(256, help="Max new tokens per completion."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    num_generations: int = typer.Option(
+        None, "--num-generations", "--num-samples", help="K samples per prompt for pass@K and the sampled mean [4]."
+    ),
+    max_completion_length: int = typer.Option(None, help="Max new tokens per completion [256]."),
+    temperature: float = typer.Option(None, help="Sampling temperature [1.0]."),
     limit: int = typer.Option(None, help="Evaluate only the first N prompts."),
     success_threshold: float = typer.Option(1.0, help="A completion counts as correct when its reward >= this."),
     batch_size: int = typer.Option(64, help="Prompts generated at once."),
     output: Path = typer.Option(None, help="Also write the results as JSON here."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
 ) -> None:
-    """Mean reward and accuracy of a model, greedy and sampled (pass@K)."""
-    from rloo.cli.evaluate import EvalSettings, evaluate_model
+    """Mean reward and accuracy of a model, greedy and sampled (pass@K), scored as in training."""
+    from rloo.cli.evaluate import evaluate_model
+    from rloo.cli.run_file import eval_inputs
 
     try:
-        columns = dict(c.split("=", 1) for c in column or [])
-        settings = EvalSettings(num_samples, max_completion_length, temperature, success_threshold, batch_size, seed)
-        result = evaluate_model(model, dataset, reward, settings, split=split, columns=columns or None, limit=limit)
+        data, rewards, settings = eval_inputs(
+            run_file,
+            dataset=dataset,
+            split=split,
+            columns=dict(c.split("=", 1) for c in column or []) or None,
+            limit=limit,
+            rewards=reward or None,
+            weights=reward_weight or None,
+            num_generations=num_generations,
+            max_completion_length=max_completion_length,
+            temperature=temperature,
+            success_threshold=success_threshold,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        result = evaluate_model(model, data, rewards, settings)
     except ValueError as err:
         raise _fail(str(err)) from None
-    table = Table(title=f"{model} on {dataset} ({result['num_prompts']} prompts)")
+    temperature, k = settings.temperature, settings.num_generations
+    table = Table(title=f"{model} on {dataset or run_file} ({result['num_prompts']} prompts)")
     for name in ("decoding", "mean reward", "accuracy"):
         table.add_column(name, justify="right" if name != "decoding" else "left")
     table.add_row("greedy", f"{result['greedy_mean_reward']:.4f}", f"{result['greedy_accuracy']:.1%}")
     table.add_row(
         f"sampled (T={temperature})", f"{result['sampled_mean_reward']:.4f}", f"{result['sampled_accuracy']:.1%}"
     )
-    table.add_row(f"pass@{num_samples}", "", f"{result['pass_at_k']:.1%}")
+    table.add_row(f"pass@{k}", "", f"{result['pass_at_k']:.1%}")
     console.print(table)
     console.print_json(json.dumps(result))
     if output is not None:

@@ -30,12 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
-from rloo.rewards.builtins import extract_final_number
+from rloo.pipeline import RolloutSettings, generate_and_score
+from rloo.rewards.builtins import accuracy_reward
+from rloo.rewards.calling import RewardFunctions
 from rloo.tiny import build_char_tokenizer, build_tiny_llama
 
 DEMO_CHARS = "0123456789+-="
+DEMO_COMPLETION_LENGTH = 5  # tokens: up to 3 digits, EOS, and one to spare
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def supervised_train(
         step += 1
         if stop_at_accuracy and step % 50 == 0:
             check, level = stop_at_accuracy
-            if evaluate(model, tokenizer, check, num_samples=0).greedy >= level:
+            if evaluate(model, tokenizer, check, num_generations=0).greedy >= level:
                 break
     return step
 
@@ -148,35 +150,37 @@ class Accuracy:
     teacher_agreement: float
 
 
+def demo_rewards() -> RewardFunctions:
+    """Correctness (weight 1) and agreement with the teacher (weight 0: reported, not rewarded)."""
+
+    def teacher_agreement(completions: list[Any], teacher: list[int], **kwargs: Any) -> list[float | None]:
+        return accuracy_reward(completions, teacher)
+
+    return RewardFunctions([accuracy_reward, teacher_agreement], weights=[1.0, 0.0])
+
+
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, tokenizer: Any, problems: list[Problem], num_samples: int = 4, seed: int = 0
+    model: nn.Module, tokenizer: Any, problems: list[Problem], num_generations: int = 4, seed: int = 0
 ) -> Accuracy:
-    """Greedy accuracy, pass@k with ``num_samples`` samples (temperature 1), and how often
-    the greedy answer equals the teacher's (wrong or right)."""
-    model.eval()
-    prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
-    common = {
-        "max_new_tokens": 5,
-        "eos_token_ids": [tokenizer.eos_token_id],
-        "pad_token_id": tokenizer.pad_token_id,
+    """Greedy accuracy, pass@k with ``num_generations`` samples (temperature 1), and how often
+    the greedy answer equals the teacher's (wrong or right); scored by the training pipeline."""
+    prompts = [p.prompt for p in problems]
+    columns: dict[str, list[Any]] = {
+        "answer": [p.answer for p in problems],
+        "teacher": [teacher_answer(p) for p in problems],
     }
-    groups = list(range(len(problems)))
-    greedy = generate_rollouts(model, prompts, groups, num_generations=1, params=SamplingParams(top_k=1), **common)
-    answers = [extract_final_number(t) for t in tokenizer.batch_decode(greedy.completion_ids, skip_special_tokens=True)]
-    correct = [a == p.answer for a, p in zip(answers, problems, strict=True)]
-    teacher = [a == teacher_answer(p) for a, p in zip(answers, problems, strict=True)]
+    rewards = demo_rewards()
+    greedy_settings = RolloutSettings(1, DEMO_COMPLETION_LENGTH, SamplingParams(top_k=1))
+    greedy = generate_and_score(model, tokenizer, prompts, columns, rewards, greedy_settings).rewards.scores.values
+    correct, teacher = greedy[:, 0], greedy[:, 1]
     pass_k = correct
-    if num_samples:
-        generator = torch.Generator().manual_seed(seed)
-        sampled = generate_rollouts(
-            model, prompts, groups, num_generations=num_samples, params=SamplingParams(), generator=generator, **common
-        )
-        sampled_texts = tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
-        hits = [extract_final_number(t) == problems[i // num_samples].answer for i, t in enumerate(sampled_texts)]
-        pass_k = [any(hits[i * num_samples : (i + 1) * num_samples]) for i in range(len(problems))]
-    n = len(problems)
-    return Accuracy(sum(correct) / n, sum(pass_k) / n, sum(teacher) / n)
+    if num_generations:
+        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+        settings = RolloutSettings(num_generations, DEMO_COMPLETION_LENGTH)
+        sampled = generate_and_score(model, tokenizer, prompts, columns, rewards, settings, generator=generator)
+        pass_k = sampled.rewards.scores.values[:, 0].view(-1, num_generations).amax(dim=1)
+    return Accuracy(float(correct.mean()), float(pass_k.mean()), float(teacher.mean()))
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,6 @@ class DemoResult:
 def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
     """Warm start, then RLOO vs. a same-time supervised control; evaluated on held-out problems."""
     from rloo.config import RLOOConfig
-    from rloo.rewards.builtins import accuracy_reward
     from rloo.training.trainer import RLOOTrainer
 
     torch.manual_seed(options.seed)
@@ -241,7 +244,7 @@ def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
         output_dir=options.output_dir,
         num_generations=k,
         per_device_train_batch_size=options.prompts_per_step * k,
-        max_completion_length=5,
+        max_completion_length=DEMO_COMPLETION_LENGTH,
         learning_rate=options.learning_rate,
         max_steps=options.steps,
         beta=0.0,

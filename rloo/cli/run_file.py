@@ -23,10 +23,10 @@ from typing import Any
 import yaml
 
 from rloo.config import RLOOConfig
+from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
 
 RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft")
-DATASET_KEYS = ("path", "name", "split", "columns", "as_chat", "system_prompt", "limit")
 # names often written for LoraConfig fields, too far from them for difflib to suggest
 PEFT_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
 
@@ -130,73 +130,12 @@ def build_config(values: dict[str, Any]) -> RLOOConfig:
 
 
 @dataclass
-class DatasetSpec:
-    path: str
-    name: str | None = None
-    split: str = "train"
-    columns: dict[str, str] | None = None
-    as_chat: bool = False
-    system_prompt: str | None = None
-    limit: int | None = None
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> DatasetSpec:
-        if isinstance(value, str):
-            return cls(path=value)
-        if not isinstance(value, dict):
-            raise ValueError(f"`{where}` must be a path/hub id or a mapping with keys {list(DATASET_KEYS)}")
-        for key in value:
-            if key not in DATASET_KEYS:
-                raise _unknown_key(key, DATASET_KEYS, where=f"{where}.")
-        if "path" not in value:
-            raise ValueError(f"`{where}.path` is required: a local file/folder or a hub dataset id")
-        return cls(**value)
-
-    def load(self) -> Any:
-        """The prompts as a ``datasets.Dataset`` (local file/folder, else the hub)."""
-        import datasets
-
-        from rloo.data.loading import load_prompt_dataset
-
-        if Path(self.path).exists():
-            raw = _load_local(self.path, self.split)
-        else:
-            raw = datasets.load_dataset(self.path, self.name, split=self.split)
-        if self.columns:
-            missing = [c for c in self.columns if c not in raw.column_names]
-            if missing:
-                raise ValueError(f"dataset columns {missing} not found; the dataset has {raw.column_names}")
-            raw = raw.rename_columns(self.columns)
-        if self.limit is not None:
-            raw = raw.select(range(min(self.limit, len(raw))))
-        if self.as_chat:
-            raw = raw.map(lambda row: {"prompt": self._as_chat(row["prompt"])})
-        return load_prompt_dataset(raw)
-
-    def _as_chat(self, text: str) -> list[dict[str, str]]:
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*messages, {"role": "user", "content": text}]
-
-
-def _load_local(path: str, split: str) -> Any:
-    import datasets
-
-    suffix = Path(path).suffix.lower()
-    if suffix in (".json", ".jsonl"):
-        return datasets.load_dataset("json", data_files=path, split="train")
-    if suffix == ".parquet":
-        return datasets.load_dataset("parquet", data_files=path, split="train")
-    loaded = datasets.load_from_disk(path)
-    return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-
-
-@dataclass
-class RunSpec:
+class RunFile:
     """Everything ``rloo train`` needs, checked."""
 
     model: str
-    dataset: DatasetSpec
-    eval_dataset: DatasetSpec | None
+    dataset: DatasetSource
+    eval_dataset: DatasetSource | None
     reward_funcs: list[Any]
     peft: dict[str, Any] | None
     config: RLOOConfig
@@ -205,8 +144,8 @@ class RunSpec:
         """The resolved run file, written to ``output_dir/config.yaml``."""
         return {
             "model": self.model,
-            "dataset": dataclasses.asdict(self.dataset),
-            "eval_dataset": None if self.eval_dataset is None else dataclasses.asdict(self.eval_dataset),
+            "dataset": self.dataset.to_dict(),
+            "eval_dataset": None if self.eval_dataset is None else self.eval_dataset.to_dict(),
             # inline `weight:`s are already in reward_weights; keeping both would fail a re-run
             "reward_funcs": [
                 {k: v for k, v in r.items() if k != "weight"} if isinstance(r, dict) else r for r in self.reward_funcs
@@ -216,7 +155,7 @@ class RunSpec:
         }
 
 
-def parse_run(values: dict[str, Any]) -> RunSpec:
+def parse_run(values: dict[str, Any]) -> RunFile:
     """Check a run mapping (a loaded YAML file with overrides applied)."""
     for key in ("model", "dataset", "reward_funcs"):
         if values.get(key) in (None, "", []):
@@ -236,19 +175,19 @@ def parse_run(values: dict[str, Any]) -> RunSpec:
         raise ValueError(f"`peft` expects a mapping of peft.LoraConfig fields, got {peft!r}")
     if peft is not None:
         build_peft_config(peft)  # checked now, so a typo fails before the model and data load
-    return RunSpec(
+    return RunFile(
         model=values["model"],
-        dataset=DatasetSpec.parse(values["dataset"], "dataset"),
+        dataset=DatasetSource.parse(values["dataset"], "dataset"),
         eval_dataset=None
         if values.get("eval_dataset") is None
-        else DatasetSpec.parse(values["eval_dataset"], "eval_dataset"),
+        else DatasetSource.parse(values["eval_dataset"], "eval_dataset"),
         reward_funcs=rewards,
         peft=peft,
         config=build_config(config_values),
     )
 
 
-def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
+def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunFile:
     """Read a YAML run file, apply ``dotted.key=value`` overrides, and check everything."""
     file = Path(path)
     if not file.is_file():
@@ -268,3 +207,83 @@ def build_peft_config(values: dict[str, Any]) -> Any:
         if key not in names:
             raise _unknown_key(key, names, where="peft.")
     return LoraConfig(**{"task_type": "CAUSAL_LM", **values})
+
+
+def build_trainer(run_file: RunFile) -> Any:
+    """An ``RLOOTrainer`` for the run file; the resolved run file becomes its ``config.yaml``."""
+    from rloo.rewards.resolve import resolve_rewards
+    from rloo.training.trainer import RLOOTrainer
+
+    trainer = RLOOTrainer(
+        model=run_file.model,
+        reward_funcs=resolve_rewards(run_file.reward_funcs),
+        args=run_file.config,
+        train_dataset=run_file.dataset.load(),
+        eval_dataset=None if run_file.eval_dataset is None else run_file.eval_dataset.load(),
+        peft_config=None if run_file.peft is None else build_peft_config(run_file.peft),
+    )
+    trainer.run_config = run_file.to_dict()
+    return trainer
+
+
+def train_from_run_file(run_file: RunFile, resume: bool, console: Any) -> Any:
+    """Train; afterwards (re)build the run report."""
+    from rloo.cli.report import build_report
+
+    trainer = build_trainer(run_file)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    path = build_report(run_file.config.output_dir)
+    console.print(f"done: model in {trainer.output_dir / 'final'}, report in {path}", highlight=False)
+    return trainer
+
+
+def eval_inputs(
+    run_file: str | Path | None,
+    *,
+    dataset: str | None,
+    split: str,
+    columns: dict[str, str] | None,
+    limit: int | None,
+    rewards: list[str] | None,
+    weights: list[float] | None,
+    num_generations: int | None,
+    max_completion_length: int | None,
+    temperature: float | None,
+    success_threshold: float,
+    batch_size: int,
+    seed: int,
+) -> tuple[Any, Any, Any]:
+    """``(dataset, RewardFunctions, EvalSettings)`` for ``rloo eval``: a command-line value wins,
+    then the run file's (its eval_dataset, else its dataset; its rewards with their weights;
+    its lengths and temperature), then the defaults."""
+    from rloo.cli.evaluate import EvalSettings
+    from rloo.rewards.calling import RewardFunctions
+    from rloo.rewards.resolve import resolve_rewards
+
+    run = load_run_file(run_file) if run_file is not None else None
+    if dataset is not None:
+        source = DatasetSource(path=dataset, split=split, columns=columns, limit=limit)
+    elif run is not None:
+        source = run.eval_dataset or run.dataset
+        source = source if limit is None else dataclasses.replace(source, limit=limit)
+    else:
+        raise ValueError("give --dataset, or --run-file with a dataset")
+    if rewards is None and run is None:
+        raise ValueError("give --reward (once per reward function), or --run-file")
+    specs = rewards if rewards is not None else run.reward_funcs  # type: ignore[union-attr]
+    if weights is None and rewards is None and run is not None:
+        weights = list(run.config.reward_weights) if run.config.reward_weights is not None else None
+    if weights is not None and len(weights) != len(specs):
+        raise ValueError(f"got {len(weights)} --reward-weight values for {len(specs)} rewards; give one per reward")
+    config = run.config if run is not None else None
+    settings = EvalSettings(
+        num_generations=num_generations or (config.num_generations if config else EvalSettings.num_generations),
+        max_completion_length=max_completion_length
+        or (config.max_completion_length if config else EvalSettings.max_completion_length),
+        temperature=temperature or (config.temperature if config else EvalSettings.temperature),
+        success_threshold=success_threshold,
+        batch_size=batch_size,
+        seed=seed,
+        max_prompt_length=config.max_prompt_length if config else None,
+    )
+    return source.load(), RewardFunctions(resolve_rewards(specs), weights), settings

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
+from rloo.algo.kl import KL_ESTIMATORS, get_kl_placement
+from rloo.algo.losses import AGGREGATIONS, POLICY_LOSSES
+
 # Every knob a preset may set. Each preset sets all of them, so the resolved algorithm
 # never depends on which preset was the default.
 PRESET_KEYS: tuple[str, ...] = (
@@ -97,21 +101,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-_ADVANTAGE_FORMULAS = {
-    "rloo": "A_i = R_i - 1/(K-1) sum_{j!=i} R_j",
-    "grpo": "A_i = (R_i - mean_group R) / (std_group R + 1e-4)",
-    "group_mean": "A_i = R_i - mean_group R",
-    "reinforce": "A_i = R_i",
-    "reinforce_pp": "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)",
-    "reinforce_pp_baseline": "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)",
-}
-_AGGREGATION_FORMULAS = {
-    "token_mean": "sum_i S_i / sum_i |o_i|",
-    "seq_mean_token_mean": "1/N sum_i S_i / |o_i|",
-    "seq_mean_token_sum": "1/N sum_i S_i",
-    "seq_mean_token_sum_norm": "1/(N T_max) sum_i S_i",
-}
-
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
@@ -136,25 +125,25 @@ class AlgorithmSpec:
 
 
 def describe_algorithm(preset: str, spec: AlgorithmSpec, overrides: dict[str, tuple[Any, Any]]) -> str:
-    """Human-readable formula of the resolved algorithm, with the explicit overrides."""
-    kl = f"beta * sum_t {spec.kl_estimator}_t" if spec.beta else "0 (beta = 0, no reference model)"
-    reward = "R_i = r_i" + (f" - {kl}" if spec.beta and spec.kl_placement == "reward" else "")
-    if spec.ratio_level == "sequence":
-        ratio = "rho_i = exp(sum_t log pi_t - log pi_old_t), one per completion"
-    else:
-        ratio = "rho_it = exp(log pi_t - log pi_old_t), one per token"
+    """Human-readable formula of the resolved algorithm (from the registries' formulas),
+    with the explicit overrides."""
+    reward_beta, loss_beta = get_kl_placement(spec.kl_placement).coefficients(spec.beta)
+    kl = f"beta * sum_t {spec.kl_estimator}_t"
     clip = f"clip(rho, 1-{spec.epsilon}, 1+{spec.epsilon_high})" if spec.clip_ratio else "rho (no clipping)"
-    in_loss = f" + {kl}" if spec.beta and spec.kl_placement == "loss" else ""
     lines = [
         f"algorithm (preset {preset!r}):",
-        f"  reward     {reward}",
-        f"  advantage  {_ADVANTAGE_FORMULAS[spec.advantage_estimator]}"
+        "  reward     R_i = r_i" + (f" - {kl}" if reward_beta else ""),
+        f"  advantage  {ADVANTAGE_ESTIMATORS.formula(spec.advantage_estimator)}"
         + ("; then batch-whitened" if spec.normalize_advantages else ""),
-        f"  ratio      {ratio}",
-        f"  per action l = -min(rho A, {clip} A){in_loss}",
-        f"  loss       {spec.loss_aggregation}: {_AGGREGATION_FORMULAS[spec.loss_aggregation]}"
+        f"  ratio      {POLICY_LOSSES.formula(spec.ratio_level)}",
+        f"  per action l = -min(rho A, {clip} A)" + (f" + {kl}" if loss_beta else ""),
+        f"  loss       {spec.loss_aggregation}: {AGGREGATIONS.formula(spec.loss_aggregation)}"
         + (", truncated completions masked" if spec.mask_truncated_completions else ""),
     ]
+    if spec.beta:
+        lines.append(f"  KL         {KL_ESTIMATORS.formula(spec.kl_estimator)}, beta = {spec.beta}")
+    else:
+        lines.append("  KL         none (beta = 0, no reference model)")
     for key, (value, preset_value) in sorted(overrides.items()):
         lines.append(f"  explicit   {key}={value!r} wins over the preset's {preset_value!r}")
     return "\n".join(lines)

@@ -59,7 +59,7 @@ def _check_algorithm(config: RLOOConfig) -> None:
     choices: list[tuple[str, str, tuple[str, ...]]] = [
         ("advantage_estimator", spec.advantage_estimator, tuple(sorted(ADVANTAGE_ESTIMATORS))),
         ("kl_estimator", spec.kl_estimator, tuple(sorted(KL_ESTIMATORS))),
-        ("kl_placement", spec.kl_placement, KL_PLACEMENTS),
+        ("kl_placement", spec.kl_placement, tuple(KL_PLACEMENTS)),
         ("ratio_level", spec.ratio_level, tuple(sorted(POLICY_LOSSES))),
         ("loss_aggregation", spec.loss_aggregation, AGGREGATION_MODES),
     ]

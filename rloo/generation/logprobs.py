@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rloo.algo.stats import softmax_entropy
 from rloo.generation.rollout import position_ids_from_mask
 
 
@@ -57,14 +58,12 @@ def token_logprobs_and_entropy(
         if with_entropy and entropy_requires_grad and torch.is_grad_enabled():  # entropy bonus: plain autograd
             lse = torch.logsumexp(z, dim=-1)
             logprobs.append(z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse)
-            entropies.append(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(dim=-1))
+            entropies.append(softmax_entropy(z, lse))
             continue
         logprobs.append(_SelectiveLogprob.apply(z, ids))  # type: ignore[no-untyped-call]
         if with_entropy:
             with torch.no_grad():
-                zd = z.detach()
-                lse = torch.logsumexp(zd, dim=-1, keepdim=True)
-                entropies.append(lse.squeeze(-1) - (torch.exp(zd - lse) * zd).sum(dim=-1))
+                entropies.append(softmax_entropy(z.detach()))
     return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
 
 
@@ -81,20 +80,20 @@ def completion_logprobs(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     completion_ids: Tensor,
-    completion_attention: Tensor,
+    completion_mask: Tensor,
     temperature: float,
     with_entropy: bool = False,
     entropy_requires_grad: bool = False,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
-    prompt_ids/prompt_mask: ``(N, Tp)`` left-padded; completion_ids/completion_attention:
+    prompt_ids/prompt_mask: ``(N, Tp)`` left-padded; completion_ids/completion_mask:
     ``(N, Tc)`` right-padded (attention 1 on real tokens). Gradients flow unless the
     caller disables them. ``entropy`` (of the temperature-scaled distribution) carries a
     gradient only with ``entropy_requires_grad`` (for an entropy bonus); else it is a metric.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention = torch.cat([prompt_mask, completion_attention.to(prompt_mask.dtype)], dim=1)
+    attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     length, tc = input_ids.shape[1], completion_ids.shape[1]
     # the positions that predict the completion tokens: asking for exactly these avoids
     # slicing (and a full-size zero-filled gradient for the slice) on the logits

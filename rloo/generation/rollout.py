@@ -27,7 +27,7 @@ class Rollout:
     prompt_ids / prompt_mask: ``(N, Tp)`` left-padded. completion_ids: ``(N, Tc)``
     right-padded with the pad id after the first EOS. completion_mask: ``(N, Tc)`` float,
     1 up to and including the first EOS. truncated: ``(N,)`` bool, no EOS within the limit.
-    sampler_logprobs: ``(N, Tc)`` log-prob of each sampled token under the sampling policy
+    sampling_logprobs: ``(N, Tc)`` log-prob of each sampled token under the sampling policy
     (``log_softmax(logits / T)``), 0 where masked. group_ids: ``(N,)`` the prompt's id.
     """
 
@@ -36,7 +36,7 @@ class Rollout:
     completion_ids: Tensor
     completion_mask: Tensor
     truncated: Tensor
-    sampler_logprobs: Tensor
+    sampling_logprobs: Tensor
     group_ids: Tensor
 
     @property
@@ -129,6 +129,6 @@ def generate_rollouts(
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         truncated=truncated,
-        sampler_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
+        sampling_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
         group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
     )

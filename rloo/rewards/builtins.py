@@ -21,20 +21,14 @@ Where we depart from TRL's ``trl.rewards``:
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 import numbers
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rloo.suggest import unknown_name_error
-
 if TYPE_CHECKING:
-    from rloo.rewards.calling import RewardFunc, RewardModelScorer
+    from rloo.rewards.calling import RewardFunc
 
 Rewards = list[float | None]
 
@@ -297,22 +291,14 @@ def length_reward(
 # ---------------------------------------------------------------------------- reward models
 
 
-def reward_model(path_or_model: Any, tokenizer: Any = None, batch_size: int | None = None) -> RewardModelScorer:
-    """A sequence-classification reward model as a reward function (:class:`RewardModelScorer`).
-
-    ``path_or_model`` is a local folder, hub id or ``PreTrainedModel``; ``tokenizer`` a
-    tokenizer or a path to load one from (default: the model's folder).
-    """
-    from rloo.rewards.calling import RewardModelScorer
-
-    if isinstance(tokenizer, str | os.PathLike):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
-    return RewardModelScorer(path_or_model, tokenizer, batch_size=batch_size)
-
-
 # ---------------------------------------------------------------------------- registry
+
+
+def _reward_model(path_or_model: Any, tokenizer: Any = None, batch_size: int | None = None) -> RewardFunc:
+    """:func:`rloo.rewards.reward_model.reward_model`, imported on use (it loads transformers)."""
+    from rloo.rewards.reward_model import reward_model
+
+    return reward_model(path_or_model, tokenizer, batch_size)
 
 
 def _plain(func: Callable[..., Rewards], name: str) -> Callable[[], RewardFunc]:
@@ -337,90 +323,5 @@ BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
     "format": format_reward,
     "think_answer_format": _plain(think_answer_format_reward, "think_answer_format"),
     "length": length_reward,
-    "reward_model": reward_model,
+    "reward_model": _reward_model,
 }
-
-_IMPORT_STRING = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-
-
-def resolve_reward(spec: Any) -> RewardFunc:
-    """Build a reward function from a YAML-style spec.
-
-    - a built-in name (a key of :data:`BUILTIN_REWARDS`), built with default parameters;
-    - ``{"name": <built-in>, **params}``, e.g. ``{"name": "format", "pattern": "..."}``.
-      A ``"weight"`` key is ignored here: the CLI reads it into ``reward_weights``;
-    - ``"package.module:function"``: imported and returned as is; in the dict form with
-      parameters it is a factory, called with them;
-    - a path to a local folder holding ``config.json``: a reward model (the dict form passes
-      params such as ``tokenizer`` or ``batch_size``);
-    - a callable: returned as is.
-
-    Built-in names win over a folder of the same name. Anything else raises ``ValueError``
-    listing the built-in names, with a "did you mean" suggestion.
-    """
-    if isinstance(spec, Mapping):
-        params = dict(spec)
-        params.pop("weight", None)
-        if "name" not in params:
-            raise ValueError(f"reward spec {dict(spec)!r} has no 'name'; {_choices()}")
-        return _resolve_name(params.pop("name"), params)
-    if isinstance(spec, str | os.PathLike):
-        return _resolve_name(spec, {})
-    if callable(spec):
-        return spec  # type: ignore[no-any-return]
-    raise ValueError(
-        f"reward spec {spec!r} is a {type(spec).__name__}; give a name, a dict or a callable. {_choices()}"
-    )
-
-
-def _resolve_name(name: Any, params: dict[str, Any]) -> RewardFunc:
-    if isinstance(name, str) and name in BUILTIN_REWARDS:
-        return _build(name, BUILTIN_REWARDS[name], params)
-    if isinstance(name, str) and _IMPORT_STRING.fullmatch(name):
-        target = _import(name)
-        return _build(name, target, params) if params else target
-    if isinstance(name, str | os.PathLike) and Path(name).is_dir():
-        if not (Path(name) / "config.json").is_file():
-            raise ValueError(f"reward folder {os.fspath(name)!r} has no config.json, so it is not a reward model")
-        return _build("reward_model", reward_model, {"path_or_model": os.fspath(name), **params})
-    raise ValueError(f"{unknown_name_error('reward', name, BUILTIN_REWARDS)}. {_choices()}")
-
-
-def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> RewardFunc:
-    """Call ``factory(**params)``, naming the reward and its parameters if they do not fit."""
-    try:
-        signature: inspect.Signature | None = inspect.signature(factory)
-    except (TypeError, ValueError):  # a callable without a signature checks its own arguments
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**params)
-        except TypeError as error:
-            accepted = ", ".join(signature.parameters) or "none"
-            raise ValueError(f"reward {name!r}: bad parameters {params!r} ({error}); it accepts: {accepted}") from None
-    func = factory(**params)
-    if not callable(func):
-        raise ValueError(f"reward {name!r} built a {type(func).__name__}, not a callable")
-    return func  # type: ignore[no-any-return]
-
-
-def _import(spec: str) -> RewardFunc:
-    module_name, _, attr_path = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"reward {spec!r}: could not import module {module_name!r}: {error}") from error
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a callable")
-    return obj  # type: ignore[no-any-return]
-
-
-def _choices() -> str:
-    return (
-        f"Built-in rewards: {', '.join(BUILTIN_REWARDS)}; or give 'package.module:function' "
-        "or a reward model folder (with config.json)"
-    )

@@ -3,8 +3,9 @@
 Reward functions follow TRL's convention: they are called with keyword arguments
 ``prompts``, ``completions``, ``completion_ids``, every extra dataset column by name and
 ``trainer_state``, and return one float (or ``None``: "does not apply") per completion.
-A reward model (``AutoModelForSequenceClassification`` with one label) is wrapped in
-:class:`RewardModelScorer` so it is just another reward function.
+A reward model is just another reward function (:mod:`rloo.rewards.reward_model`);
+:class:`RewardFunctions` holds a run's functions with their weights and is the one place
+where their scores are combined.
 
 Where we depart from TRL:
 
@@ -24,7 +25,6 @@ import functools
 import inspect
 import math
 import numbers
-import os
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,162 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+
+from rloo.algo.advantages import combine_rewards
 
 RewardOutput = Sequence[float | None] | Tensor | np.ndarray
 RewardFunc = Callable[..., RewardOutput | Awaitable[RewardOutput]]
 # Keyword arguments every reward function receives; a dataset column may not reuse them.
 RESERVED_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state")
-
-
-# ---------------------------------------------------------------------------- reward models
-
-
-class RewardModelScorer:
-    """A sequence-classification reward model as a TRL-style reward function.
-
-    Scores ``prompt + completion`` and returns ``logits[:, 0]``. Conversational samples are
-    rendered with the tokenizer's chat template (prompt messages + completion messages), or
-    their contents joined by newlines when it has none. As in TRL, texts are tokenized with
-    ``add_special_tokens=False`` by default and right padding.
-    """
-
-    def __init__(
-        self,
-        model: str | os.PathLike[str] | PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase | None = None,
-        batch_size: int | None = None,
-        add_special_tokens: bool = False,
-    ) -> None:
-        if isinstance(model, str | os.PathLike):
-            model, tokenizer = _load_reward_model(os.fspath(model), tokenizer)
-        if tokenizer is None:
-            raise ValueError("a reward model instance needs its tokenizer: pass `tokenizer=`")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        self.model = model
-        self.model.requires_grad_(False)
-        torch.nn.Module.eval(self.model)
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.add_special_tokens = add_special_tokens
-        _ensure_pad_token(self.model, self.tokenizer)
-        name = str(getattr(self.model.config, "_name_or_path", "") or "").rstrip("/\\")
-        self.__name__ = os.path.basename(name) or type(self.model).__name__
-
-    def to(self, device: str | torch.device) -> RewardModelScorer:
-        torch.nn.Module.to(self.model, device)
-        return self
-
-    def texts(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[str]:
-        """The strings the reward model scores, one per completion."""
-        return [self._text(p, c) for p, c in zip(prompts, completions, strict=True)]
-
-    def _text(self, prompt: Any, completion: Any) -> str:
-        if isinstance(prompt, str):
-            return prompt + str(completion)
-        messages = [*prompt, *completion]
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            return "\n".join(m["content"] for m in messages)
-        return str(self.tokenizer.apply_chat_template(messages, tokenize=False))
-
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        texts = self.texts(prompts, completions)
-        step = self.batch_size or max(len(texts), 1)
-        scores: list[float] = []
-        for start in range(0, len(texts), step):
-            scores.extend(self._score(texts[start : start + step]))
-        return scores
-
-    def _score(self, texts: list[str]) -> list[float]:
-        inputs = self.tokenizer(
-            texts,
-            return_tensors="pt",
-            padding=True,
-            padding_side="right",
-            add_special_tokens=self.add_special_tokens,
-        ).to(self.model.device)
-        with torch.inference_mode():
-            logits = self.model(**inputs).logits
-        return [float(x) for x in logits[:, 0].float().tolist()]
-
-
-def _load_reward_model(
-    path: str, tokenizer: PreTrainedTokenizerBase | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=False)
-    return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
-
-
-def _ensure_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Batched scoring needs a pad token; fall back to EOS, as TRL does."""
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError("the reward tokenizer has neither a pad token nor an eos token; set `pad_token`")
-        tokenizer.pad_token = tokenizer.eos_token
-    # Sequence classification finds each row's last token from config.pad_token_id.
-    model.config.pad_token_id = tokenizer.pad_token_id
-
-
-# ---------------------------------------------------------------------------- loading
-
-
-def load_reward_funcs(
-    reward_funcs: Any,
-    reward_processing_classes: Any = None,
-) -> list[RewardFunc]:
-    """Turn TRL-style ``reward_funcs`` into a list of callables.
-
-    Each item is a callable (sync or ``async def``), a path / hub id of a reward model, or a
-    ``PreTrainedModel`` whose tokenizer is at the same position in
-    ``reward_processing_classes`` (a single item or a list; ``None`` entries are allowed for
-    callables and paths).
-    """
-    funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
-    if not funcs:
-        raise ValueError("give at least one reward function")
-    tokenizers = _as_list(reward_processing_classes, len(funcs))
-    return [_load_one(i, func, tok) for i, (func, tok) in enumerate(zip(funcs, tokenizers, strict=True))]
-
-
-def _as_list(reward_processing_classes: Any, n: int) -> list[Any]:
-    if reward_processing_classes is None:
-        return [None] * n
-    items = (
-        list(reward_processing_classes)
-        if isinstance(reward_processing_classes, list | tuple)
-        else [reward_processing_classes]
-    )
-    if len(items) != n:
-        raise ValueError(
-            f"reward_processing_classes has {len(items)} entries for {n} reward functions; "
-            "give one per reward function (None where not needed)"
-        )
-    return items
-
-
-def _load_one(position: int, func: Any, tokenizer: Any) -> RewardFunc:
-    # A PreTrainedModel is callable too, so it is checked first.
-    if isinstance(func, PreTrainedModel):
-        if tokenizer is None:
-            raise ValueError(
-                f"reward function {position} is a {type(func).__name__} instance; pass its tokenizer "
-                f"in reward_processing_classes at position {position}"
-            )
-        return RewardModelScorer(func, tokenizer)
-    if isinstance(func, str | os.PathLike):
-        return RewardModelScorer(func, tokenizer)
-    if callable(func):
-        return func  # type: ignore[no-any-return]
-    raise ValueError(
-        f"reward function {position} is a {type(func).__name__}; give a callable, a reward model "
-        "path or hub id, or a PreTrainedModel"
-    )
 
 
 def reward_func_names(funcs: Sequence[RewardFunc]) -> list[str]:
@@ -378,6 +229,74 @@ def _as_float(value: Any, name: str, row: int) -> float:
         f"reward function `{name}` returned {value!r} ({type(value).__name__}) at row {row}; "
         "expected a real number, or None where it does not apply"
     )
+
+
+@dataclass(frozen=True)
+class CombinedRewards:
+    """The scores of N completions, combined with the reward weights.
+
+    ``scores``: every function's values ``(N, F)``; ``rewards``: ``(N,)`` the weighted sum over
+    the functions that apply (:func:`rloo.algo.advantages.combine_rewards`), 0.0 where none
+    does; ``scorable``: ``(N,)`` bool, some function applies.
+    """
+
+    scores: RewardScores
+    rewards: Tensor
+    scorable: Tensor
+
+    def rewards_or_nan(self) -> Tensor:
+        """``(N,)`` combined rewards with NaN where no function applies."""
+        return torch.where(self.scorable, self.rewards, torch.nan)
+
+
+class RewardFunctions:
+    """A run's reward functions, their metric names and weights: the one place scores are combined.
+
+    Training, ``RLOOTrainer.evaluate``, ``rloo eval`` and the demo all score through
+    :meth:`score`, so the same functions and weights give the same rewards everywhere.
+    """
+
+    def __init__(self, funcs: Sequence[RewardFunc], weights: Sequence[float] | None = None) -> None:
+        if not funcs:
+            raise ValueError("give at least one reward function")
+        weights = list(weights) if weights is not None else [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise ValueError(
+                f"RLOOConfig.reward_weights has {len(weights)} entries but there are {len(funcs)} reward "
+                "functions; give one weight per function"
+            )
+        self.funcs = list(funcs)
+        self.names = reward_func_names(self.funcs)
+        self.weights = torch.tensor(weights, dtype=torch.float32)
+
+    def to(self, device: torch.device | str) -> RewardFunctions:
+        """Move the reward models among the functions to ``device``."""
+        for func in self.funcs:
+            if hasattr(func, "to"):
+                func.to(device)
+        return self
+
+    def score(
+        self,
+        *,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]],
+        columns: dict[str, list[Any]],
+        trainer_state: Any = None,
+    ) -> CombinedRewards:
+        """Call every function on the N completions and combine their scores with the weights."""
+        scores = compute_rewards(
+            self.funcs,
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            columns=columns,
+            trainer_state=trainer_state,
+            names=self.names,
+        )
+        rewards, scorable = combine_rewards(scores.values, self.weights)
+        return CombinedRewards(scores, rewards, scorable)
 
 
 def as_completions(texts: list[str], conversational: bool) -> list[Any]:

@@ -1,9 +1,14 @@
-"""Typed containers between the trainer's stages, and micro-batch slicing."""
+"""The update's containers and row planning: a train batch, the passes over its rows.
+
+Stages and their containers: the sampler gives a ``Rollout`` (:mod:`rloo.generation.rollout`),
+the pipeline a ``ScoredRollout`` (:mod:`rloo.pipeline`), the trainer a :class:`TrainBatch`
+(advantages, loss mask, reference/old log-probs), and each forward/backward takes a
+:class:`Pass`: some rows of the train batch, padding columns trimmed.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,8 +17,8 @@ from rloo.algo.stats import ClipFractions
 from rloo.generation.rollout import Rollout
 
 
-@dataclass
-class ScoredBatch:
+@dataclass(frozen=True)
+class TrainBatch:
     """A generation batch ready for the update (N rows, ``Tc`` completion tokens).
 
     loss_mask: ``(N, Tc)`` tokens that carry loss (the completion mask, with truncated
@@ -35,14 +40,17 @@ class ScoredBatch:
         return int(self.advantages.shape[0])
 
 
-@dataclass
-class MicroBatch:
-    """Rows of a :class:`ScoredBatch`, with padding columns trimmed away."""
+@dataclass(frozen=True)
+class Pass:
+    """Rows of a :class:`TrainBatch` for one forward/backward, with padding columns trimmed.
+
+    completion_mask: real completion tokens (attention); loss_mask: the tokens that carry loss.
+    """
 
     prompt_ids: Tensor
     prompt_mask: Tensor
     completion_ids: Tensor
-    completion_attention: Tensor
+    completion_mask: Tensor
     loss_mask: Tensor
     advantages: Tensor
     old_logprobs: Tensor | None
@@ -57,7 +65,7 @@ def _trim_columns(rollout: Rollout, rows: Tensor) -> tuple[slice, slice]:
     return slice(first, None), slice(0, max(completion_len, 1))
 
 
-def micro_batch(batch: ScoredBatch, rows: Tensor) -> MicroBatch:
+def take_rows(batch: TrainBatch, rows: Tensor) -> Pass:
     """Select ``rows`` (1-D index tensor) and drop all-padding columns."""
     r = batch.rollout
     p, c = _trim_columns(r, rows)
@@ -65,11 +73,11 @@ def micro_batch(batch: ScoredBatch, rows: Tensor) -> MicroBatch:
     def pick(t: Tensor | None) -> Tensor | None:
         return None if t is None else t[rows][:, c]
 
-    return MicroBatch(
+    return Pass(
         prompt_ids=r.prompt_ids[rows][:, p],
         prompt_mask=r.prompt_mask[rows][:, p],
         completion_ids=r.completion_ids[rows][:, c],
-        completion_attention=r.completion_mask[rows][:, c],
+        completion_mask=r.completion_mask[rows][:, c],
         loss_mask=batch.loss_mask[rows][:, c],
         advantages=batch.advantages[rows],
         old_logprobs=pick(batch.old_logprobs),
@@ -82,26 +90,9 @@ def micro_batch_rows(num_rows: int, size: int, device: torch.device) -> list[Ten
     return [torch.arange(start, min(start + size, num_rows), device=device) for start in range(0, num_rows, size)]
 
 
-@dataclass
-class SampledBatch:
-    """Phases 1-2 of a generation batch: completions and their (unclipped) rewards.
-
-    prompts: the P raw dataset prompts; completion_texts: N decoded completions;
-    raw_rewards / scorable: ``(N,)``; metrics: reward and completion metrics.
-    """
-
-    rollout: Rollout
-    prompts: list[Any]
-    completion_texts: list[str]
-    raw_rewards: Tensor
-    scorable: Tensor
-    metrics: dict[str, float]
-    generate_seconds: float
-
-
-@dataclass
-class MicroBatchResult:
-    """What one micro-batch's forward/backward reports: the loss to backpropagate and metrics."""
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass's forward reports: the loss to backpropagate and its metrics."""
 
     loss: Tensor
     loss_value: float

@@ -4,27 +4,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from rloo.generation.rollout import Rollout
-from rloo.training.batches import MicroBatchResult
+from rloo.pipeline import ScoredRollout
+from rloo.rewards.calling import CombinedRewards
+from rloo.training.batches import PassResult, TrainBatch
 
 
 def _std(values: Tensor) -> float:
     return float(values.std()) if values.numel() > 1 else 0.0
 
 
-def reward_metrics(
-    rewards_per_func: Tensor, rewards: Tensor, scorable: Tensor, names: list[str], nonfinite: list[int]
-) -> dict[str, float]:
-    """``reward``/``reward_std`` over scorable completions (before clipping and KL), and per function.
-
-    rewards_per_func: ``(N, F)`` with NaN where a function did not apply.
-    """
-    scored = rewards[scorable].float()
+def reward_metrics(combined: CombinedRewards, names: list[str]) -> dict[str, float]:
+    """``reward``/``reward_std`` over scorable completions (before clipping and KL), and per function."""
+    rewards_per_func, nonfinite = combined.scores.values, combined.scores.nonfinite_counts
+    scorable = combined.scorable
+    scored = combined.rewards[scorable].float()
     metrics = {
         "reward": float(scored.mean()) if scored.numel() else float("nan"),
         "reward_std": _std(scored),
@@ -61,8 +59,8 @@ def advantage_metrics(advantages: Tensor, scorable: Tensor) -> dict[str, float]:
     }
 
 
-def update_metrics(results: list[MicroBatchResult]) -> dict[str, float]:
-    """Loss (summed over micro-batches: they are pre-scaled), entropy, clip fractions, KL."""
+def update_metrics(results: list[PassResult]) -> dict[str, float]:
+    """Loss (summed over passes: they are pre-scaled), entropy, clip fractions, KL."""
     n = len(results)
     if n == 0:
         return {"loss": 0.0}
@@ -79,23 +77,31 @@ def update_metrics(results: list[MicroBatchResult]) -> dict[str, float]:
     return metrics
 
 
-def write_completions(
-    path: Path,
-    step: int,
-    prompts: list[Any],
-    texts: list[str],
-    rewards: Tensor,
-    scorable: Tensor,
-    advantages: Tensor,
-) -> None:
-    """Append one JSON line per completion: step, prompt, completion, reward, advantage."""
-    k = len(texts) // len(prompts)
+def step_timing(
+    metrics: dict[str, float], train_seconds: float, batch: TrainBatch, steps_per_generation: int
+) -> dict[str, float]:
+    """``timing/train`` and ``timing/step`` (the step's share of the generation batch's phases
+    1-4 plus its own update), and ``tokens_per_second`` generated per second of step time."""
+    generation_seconds = metrics["timing/generate"] + metrics["timing/score"] + metrics["timing/reference"]
+    seconds = generation_seconds + train_seconds * steps_per_generation
+    return {
+        "timing/train": train_seconds,
+        "timing/step": train_seconds + generation_seconds / steps_per_generation,
+        "tokens_per_second": batch.rollout.num_completion_tokens / max(seconds, 1e-9),
+    }
+
+
+def write_completions(path: Path, step: int, scored: ScoredRollout, advantages: Tensor) -> None:
+    """Append one JSON line per completion: step, prompt, completion, reward (None when
+    unscorable), advantage."""
+    rewards, scorable = scored.rewards.rewards, scored.rewards.scorable
+    k = len(scored.completion_texts) // len(scored.prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
-        for i, text in enumerate(texts):
+        for i, text in enumerate(scored.completion_texts):
             row = {
                 "step": step,
-                "prompt": prompts[i // k],
+                "prompt": scored.prompts[i // k],
                 "completion": text,
                 "reward": float(rewards[i]) if bool(scorable[i]) else None,
                 "advantage": float(advantages[i]),

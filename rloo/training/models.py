@@ -139,3 +139,24 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+
+
+def prepare_policy(
+    model: str | PreTrainedModel,
+    *,
+    init_kwargs: Mapping[str, Any] | None,
+    peft_config: Any,
+    no_dropout: bool,
+    gradient_checkpointing: bool,
+    beta: float,
+) -> tuple[nn.Module, nn.Module | None]:
+    """``(policy, reference)``: the policy loaded, dropout off, PEFT-wrapped and checkpointed
+    as asked, and the frozen reference :func:`build_reference` gives (None when not needed)."""
+    policy: nn.Module = load_policy(model, init_kwargs)
+    if no_dropout:
+        disable_dropout(policy)
+    if peft_config is not None:
+        policy = apply_peft(policy, peft_config, gradient_checkpointing)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    return policy, build_reference(model, policy, beta, init_kwargs)

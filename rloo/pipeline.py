@@ -1,0 +1,133 @@
+"""Prompts -> K scored completions each: the one generate -> score pipeline.
+
+Training (phases 1-2 of every step), ``RLOOTrainer.evaluate``, ``rloo eval`` and the demo's
+evaluation all call :func:`generate_and_score`, so one set of prompts, model, sampling
+settings, reward functions and weights gives the same rewards in all four.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from rloo.data.prompts import encode_prompts, is_conversational, repeat_per_completion
+from rloo.generation.rollout import Rollout, generate_rollouts
+from rloo.generation.sampling import SamplingParams
+from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
+
+
+def eos_token_ids(tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the tokenizer's ``eos_token_id``, an int or a list of ints.
+
+    Raises ``ValueError`` when the tokenizer has none (completions could never end).
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
+    ids = [eos] if isinstance(eos, int) else list(eos)
+    if not ids or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"the tokenizer's eos_token_id must be an int or a list of ints, got {eos!r}")
+    return ids
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How completions are sampled: K per prompt, at most ``max_completion_length`` tokens,
+    prompts cut from the left to ``max_prompt_length`` (None: never)."""
+
+    num_generations: int
+    max_completion_length: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_prompt_length: int | None = None
+
+
+@dataclass(frozen=True)
+class ScoredRollout:
+    """P prompts x K completions, decoded and scored (N = P*K rows, a prompt's K consecutive).
+
+    prompts: the P raw dataset prompts; completion_texts: N decoded completions; rewards:
+    per-function scores, the weighted combination and the scorable mask, all ``(N, ...)``;
+    num_truncated_prompts: prompts cut to ``max_prompt_length``.
+    """
+
+    rollout: Rollout
+    prompts: list[Any]
+    completion_texts: list[str]
+    rewards: CombinedRewards
+    num_truncated_prompts: int
+    generate_seconds: float
+    score_seconds: float
+
+
+def generate_and_score(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    columns: dict[str, list[Any]],
+    rewards: RewardFunctions,
+    settings: RolloutSettings,
+    *,
+    group_ids: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+    trainer_state: Any = None,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> ScoredRollout:
+    """Sample ``settings.num_generations`` completions for each prompt and score them.
+
+    Args:
+        prompts: P raw dataset prompts (text or conversations). columns: the other dataset
+            columns, one value per prompt (repeated here for each completion).
+        group_ids: one id per prompt (default ``0..P-1``): the ids advantages group by.
+        trainer_state: passed to reward functions as ``trainer_state``.
+        autocast: a context for the sampling forward passes (mixed precision).
+
+    The model samples in eval mode (no dropout) and is put back in the mode it was in.
+    """
+    k = settings.num_generations
+    tokenized = encode_prompts(list(prompts), tokenizer, settings.max_prompt_length)
+    groups = list(range(len(prompts))) if group_ids is None else list(group_ids)
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            rollout = generate_rollouts(
+                model,
+                tokenized.ids,
+                groups,
+                num_generations=k,
+                max_new_tokens=settings.max_completion_length,
+                params=settings.sampling,
+                eos_token_ids=eos_token_ids(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+                generator=generator,
+            )
+    finally:
+        model.train(was_training)
+    generated = time.perf_counter()
+    texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    scored = rewards.score(
+        prompts=repeat_per_completion(prompts, k),
+        completions=as_completions(texts, is_conversational(prompts[0])),
+        completion_ids=rollout.completion_id_lists(),
+        columns={name: repeat_per_completion(values, k) for name, values in columns.items()},
+        trainer_state=trainer_state,
+    )
+    device = rollout.completion_ids.device
+    scored = CombinedRewards(scored.scores, scored.rewards.to(device), scored.scorable.to(device))
+    return ScoredRollout(
+        rollout=rollout,
+        prompts=list(prompts),
+        completion_texts=texts,
+        rewards=scored,
+        num_truncated_prompts=tokenized.num_truncated,
+        generate_seconds=generated - start,
+        score_seconds=time.perf_counter() - generated,
+    )

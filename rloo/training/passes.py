@@ -1,0 +1,97 @@
+"""Forward passes over rows of a train batch: log-probs without gradient, and the loss of a pass.
+
+A micro-batch (``per_device_train_batch_size`` rows) is cut into passes that keep one
+float32 logits tensor within ``max_logits_memory_mb``; the loss of every pass is scaled by
+whole-step totals, so splitting changes memory, never the gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rloo.algo.objective import ObjectiveInputs, policy_objective
+from rloo.algo.stats import masked_mean
+from rloo.generation.logprobs import completion_logprobs
+from rloo.generation.rollout import Rollout
+from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
+
+Autocast = Callable[[], AbstractContextManager[Any]]
+
+
+def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int) -> int:
+    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``."""
+    length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+    vocab = model.get_output_embeddings().weight.shape[0]  # type: ignore[operator]
+    return rows_per_pass(length, int(vocab), budget_mib, cap)
+
+
+@torch.no_grad()
+def no_grad_logprobs(
+    model: nn.Module,
+    rollout: Rollout,
+    temperature: float,
+    max_rows: int,
+    autocast: Autocast = contextlib.nullcontext,
+) -> Tensor:
+    """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked."""
+    out = torch.zeros_like(rollout.sampling_logprobs)
+    all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
+    for rows in plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows):
+        tc = max(int(rollout.completion_mask[rows].sum(dim=1).max()), 1)
+        with autocast():
+            lp = completion_logprobs(
+                model,
+                rollout.prompt_ids[rows],
+                rollout.prompt_mask[rows],
+                rollout.completion_ids[rows, :tc],
+                rollout.completion_mask[rows, :tc],
+                temperature,
+            ).logprobs
+        out[rows, : lp.shape[1]] = lp.float()
+    return out * rollout.completion_mask
+
+
+def pass_loss(
+    model: nn.Module,
+    rows: Pass,
+    *,
+    temperature: float,
+    entropy_coef: float,
+    **objective: Any,
+) -> PassResult:
+    """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
+
+    ``objective`` holds the objective's scalars (ratio level, clip range, aggregation,
+    whole-step totals, KL estimator and coefficient). Without stored old log-probs (the batch
+    feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
+    """
+    current = completion_logprobs(
+        model,
+        rows.prompt_ids,
+        rows.prompt_mask,
+        rows.completion_ids,
+        rows.completion_mask,
+        temperature,
+        with_entropy=True,
+        entropy_requires_grad=entropy_coef > 0,
+    )
+    logprobs = current.logprobs.float()
+    assert current.entropy is not None
+    inputs = ObjectiveInputs(
+        logprobs=logprobs,
+        old_logprobs=rows.old_logprobs if rows.old_logprobs is not None else logprobs.detach(),
+        reference_logprobs=rows.reference_logprobs,
+        advantages=rows.advantages,
+        loss_mask=rows.loss_mask,
+        entropy=current.entropy.float(),
+    )
+    out = policy_objective(inputs, entropy_coef=entropy_coef, **objective)
+    entropy_mask = rows.loss_mask if rows.loss_mask.sum() > 0 else rows.completion_mask
+    entropy = float(masked_mean(current.entropy.detach().float(), entropy_mask))
+    return PassResult(out.loss, float(out.loss.detach()), entropy, out.clip, out.kl)

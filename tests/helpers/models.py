@@ -1,0 +1,79 @@
+"""Tiny models and trainers the tests share (tests import helpers from here, never from each other)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.tiny import build_char_tokenizer, build_tiny_llama
+
+CHARS = "0123456789+= "
+
+
+def tiny_reward_model(tokenizer: PreTrainedTokenizerFast, pad: bool = True) -> LlamaForSequenceClassification:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id if pad else None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForSequenceClassification(config).eval()
+
+
+def make_tokenizer() -> Any:
+    return build_char_tokenizer(CHARS)
+
+
+def make_model(tokenizer: Any, seed: int = 0) -> Any:
+    return build_tiny_llama(len(tokenizer), tokenizer=tokenizer, seed=seed)
+
+
+def dataset(n: int = 40) -> list[dict[str, Any]]:
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)][:n]
+
+
+def frac7(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """Share of completion tokens that are the character '7' (token id looked up once)."""
+    seven = make_tokenizer().convert_tokens_to_ids("7")
+    return [sum(t == seven for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
+    values: dict[str, Any] = {
+        "output_dir": str(tmp_path / "run"),
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "learning_rate": 1e-2,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "save_steps": 1000,
+        "seed": 0,
+    }
+    values.update(overrides)
+    return RLOOConfig(**values)
+
+
+def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overrides: Any) -> RLOOTrainer:
+    tok = make_tokenizer()
+    return RLOOTrainer(
+        model=make_model(tok),
+        reward_funcs=reward_funcs,
+        args=config(tmp_path, **overrides),
+        train_dataset=data if data is not None else dataset(),
+        processing_class=tok,
+    )
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
