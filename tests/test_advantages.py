@@ -127,12 +127,12 @@ def test_compute_advantages_all_combinations(mean_level: str, leave_one_out: boo
     base = BASE[(mean_level, leave_one_out)]
     # std "none": no division and no eps
     expected = base if std_level == "none" else [b / (s + EPS) for b, s in zip(base, STD[std_level], strict=True)]
-    valid = torch.ones(6, dtype=torch.bool)
+    scorable = torch.ones(6, dtype=torch.bool)
     for dtype in (torch.float32, torch.float64):
         adv = compute_advantages(
             t(REWARDS, dtype),
             torch.tensor(GROUPS),
-            valid,
+            scorable,
             mean_level=mean_level,  # type: ignore[arg-type]
             leave_one_out=leave_one_out,
             std_level=std_level,  # type: ignore[arg-type]
@@ -219,14 +219,14 @@ def test_invalid_levels_and_shapes() -> None:
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_group_ids_arbitrary_integers_and_shuffled(name: str) -> None:
     estimator = get_advantage_estimator(name)
-    valid = torch.ones(6, dtype=torch.bool)
-    reference = estimator(t(REWARDS), torch.tensor(GROUPS), valid)
+    scorable = torch.ones(6, dtype=torch.bool)
+    reference = estimator(t(REWARDS), torch.tensor(GROUPS), scorable)
     # Same groups, arbitrary (negative, large, non-contiguous) labels, in the reverse label order.
-    relabeled = estimator(t(REWARDS), torch.tensor([907, 907, 907, -3, -3, -3]), valid)
+    relabeled = estimator(t(REWARDS), torch.tensor([907, 907, 907, -3, -3, -3]), scorable)
     close(relabeled, reference, atol=1e-12)
     # Interleave the rows: the same advantages follow their completion.
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
-    shuffled = estimator(t(REWARDS)[perm], torch.tensor([42, 10, 42, 10, 42, 10]), valid)
+    shuffled = estimator(t(REWARDS)[perm], torch.tensor([42, 10, 42, 10, 42, 10]), scorable)
     close(shuffled, reference[perm], atol=1e-12)
 
 
@@ -244,9 +244,9 @@ def test_group_ids_are_not_positions() -> None:
 
 def test_partial_unscorable_group_rloo() -> None:
     # Group of 4 with one unscorable completion (its reward value must not matter, not even NaN).
-    valid = torch.tensor([True, True, True, False])
+    scorable = torch.tensor([True, True, True, False])
     for junk in (0.0, 100.0, NAN):
-        adv = get_advantage_estimator("rloo")(t([1.0, 3.0, 5.0, junk]), torch.tensor([0, 0, 0, 0]), valid)
+        adv = get_advantage_estimator("rloo")(t([1.0, 3.0, 5.0, junk]), torch.tensor([0, 0, 0, 0]), scorable)
         # Valid: [1, 3, 5], mean 3, K=3 -> 1.5 * [-2, 0, 2]; unscorable -> 0
         close(adv, [-3.0, 0.0, 3.0, 0.0])
 
@@ -254,13 +254,13 @@ def test_partial_unscorable_group_rloo() -> None:
 def test_partial_unscorable_group_grpo_and_batch_stats() -> None:
     rewards = t([1.0, 3.0, 5.0, NAN, 2.0, 4.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
-    valid = torch.tensor([True, True, True, False, True, True])
-    # grpo: group 0 valid [1,3,5]: mean 3, std 2 -> [-2,0,2]/2.0001; group 1 [2,4]: mean 3, std sqrt2
-    adv = get_advantage_estimator("grpo")(rewards, groups, valid)
+    scorable = torch.tensor([True, True, True, False, True, True])
+    # grpo: group 0 scorable [1,3,5]: mean 3, std 2 -> [-2,0,2]/2.0001; group 1 [2,4]: mean 3, std sqrt2
+    adv = get_advantage_estimator("grpo")(rewards, groups, scorable)
     s2 = 1.4142135623730951
     close(adv, [-2 / 2.0001, 0.0, 2 / 2.0001, 0.0, -1 / (s2 + EPS), 1 / (s2 + EPS)])
-    # reinforce_pp: batch of valid [1,3,5,2,4]: mean 3, deviations [-2,0,2,-1,1] -> var 10/4 = 2.5
-    adv = get_advantage_estimator("reinforce_pp")(rewards, groups, valid)
+    # reinforce_pp: batch of scorable [1,3,5,2,4]: mean 3, deviations [-2,0,2,-1,1] -> var 10/4 = 2.5
+    adv = get_advantage_estimator("reinforce_pp")(rewards, groups, scorable)
     s = 1.5811388300841898  # sqrt(2.5)
     close(adv, [-2 / (s + EPS), 0.0, 2 / (s + EPS), 0.0, -1 / (s + EPS), 1 / (s + EPS)])
 
@@ -268,9 +268,9 @@ def test_partial_unscorable_group_grpo_and_batch_stats() -> None:
 @pytest.mark.parametrize("name", ["rloo", "grpo", "group_mean", "reinforce_pp_baseline"])
 def test_singleton_valid_group_gets_zero(name: str) -> None:
     rewards = t([7.0, 5.0, 1.0, 3.0, 9.0])
-    groups = torch.tensor([0, 0, 1, 1, 2])  # group 0: one valid member ; group 2: size 1
-    valid = torch.tensor([True, False, True, True, True])
-    adv = get_advantage_estimator(name)(rewards, groups, valid)
+    groups = torch.tensor([0, 0, 1, 1, 2])  # group 0: one scorable member ; group 2: size 1
+    scorable = torch.tensor([True, False, True, True, True])
+    adv = get_advantage_estimator(name)(rewards, groups, scorable)
     assert adv[0].item() == 0.0 and adv[1].item() == 0.0 and adv[4].item() == 0.0
     # group 1 [1, 3] still gets a real advantage
     assert adv[2].item() < 0.0 < adv[3].item()
@@ -297,17 +297,17 @@ def test_all_unscorable_group() -> None:
 
 
 def test_leave_one_out_needs_two_generations() -> None:
-    valid = torch.ones(3, dtype=torch.bool)
+    scorable = torch.ones(3, dtype=torch.bool)
     with pytest.raises(ValueError, match="num_generations"):
-        get_advantage_estimator("rloo")(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), valid)
+        get_advantage_estimator("rloo")(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), scorable)
     with pytest.raises(ValueError, match="num_generations"):
         compute_advantages(t([1.0]), torch.tensor([4]), torch.ones(1, dtype=torch.bool))
     # Not an error: one group of 2 exists; the singletons get 0.
-    adv = get_advantage_estimator("rloo")(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 1]), valid)
+    adv = get_advantage_estimator("rloo")(t([1.0, 2.0, 3.0]), torch.tensor([0, 1, 1]), scorable)
     close(adv, [0.0, -1.0, 1.0])
     # Not an error for estimators without a leave-one-out baseline.
-    close(get_advantage_estimator("grpo")(t([1.0, 2.0]), torch.tensor([0, 1]), valid[:2]), [0.0, 0.0])
-    close(get_advantage_estimator("reinforce")(t([1.0, 2.0]), torch.tensor([0, 1]), valid[:2]), [1.0, 2.0])
+    close(get_advantage_estimator("grpo")(t([1.0, 2.0]), torch.tensor([0, 1]), scorable[:2]), [0.0, 0.0])
+    close(get_advantage_estimator("reinforce")(t([1.0, 2.0]), torch.tensor([0, 1]), scorable[:2]), [1.0, 2.0])
 
 
 def test_empty_batch() -> None:
@@ -327,7 +327,7 @@ def test_normalize_advantages_hand_values() -> None:
 
 
 def test_normalize_advantages_skips_invalid() -> None:
-    # valid [1, 3]: mean 2, std sqrt(2); the invalid 99 enters no statistic and stays 0
+    # scorable [1, 3]: mean 2, std sqrt(2); the invalid 99 enters no statistic and stays 0
     adv = normalize_advantages(t([1.0, 99.0, 3.0]), torch.tensor([True, False, True]))
     s = 1.4142135623730951 + EPS
     close(adv, [-1 / s, 0.0, 1 / s])
@@ -336,7 +336,7 @@ def test_normalize_advantages_skips_invalid() -> None:
 
 
 def test_normalize_advantages_degenerate() -> None:
-    # nothing valid -> unchanged ; one valid -> 0 (no spread to scale by)
+    # nothing scorable -> unchanged ; one scorable -> 0 (no spread to scale by)
     close(normalize_advantages(t([1.0, 2.0]), torch.tensor([False, False])), [1.0, 2.0])
     close(normalize_advantages(t([5.0, 2.0]), torch.tensor([True, False])), [0.0, 0.0])
 
@@ -347,22 +347,22 @@ def test_normalize_advantages_degenerate() -> None:
 def test_frac_zero_std_groups() -> None:
     rewards = t([1.0, 1.0, 1.0, 2.0, 5.0, 7.0, 3.0, 3.0, 3.0000001, 0.0, 9.0])
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4])
-    valid = torch.tensor([True, True, True, True, True, False, True, True, True, False, False])
-    # g0 equal -> zero ; g1 [1,2] -> not ; g2 one valid -> zero ; g3 spread 1e-7 <= 1e-6 -> zero ;
-    # g4 no valid -> zero.  4 of 5.
-    assert frac_zero_std_groups(rewards, groups, valid) == pytest.approx(0.8, abs=1e-12)
+    scorable = torch.tensor([True, True, True, True, True, False, True, True, True, False, False])
+    # g0 equal -> zero ; g1 [1,2] -> not ; g2 one scorable -> zero ; g3 spread 1e-7 <= 1e-6 -> zero ;
+    # g4 no scorable -> zero.  4 of 5.
+    assert frac_zero_std_groups(rewards, groups, scorable) == pytest.approx(0.8, abs=1e-12)
     # with a tighter tolerance g3 is no longer zero-std: 3 of 5
-    assert frac_zero_std_groups(rewards, groups, valid, atol=1e-9) == pytest.approx(0.6, abs=1e-12)
+    assert frac_zero_std_groups(rewards, groups, scorable, atol=1e-9) == pytest.approx(0.6, abs=1e-12)
     # the invalid 7.0 in g2 and 9.0 in g4 would make them non-zero-std if counted
     all_valid = torch.ones(11, dtype=torch.bool)
     assert frac_zero_std_groups(rewards, groups, all_valid) == pytest.approx(0.4, abs=1e-12)
 
 
 def test_frac_zero_std_groups_none_and_shuffled_ids() -> None:
-    valid = torch.ones(4, dtype=torch.bool)
-    assert frac_zero_std_groups(t([1.0, 2.0, 3.0, 4.0]), torch.tensor([9, 9, -1, -1]), valid) == 0.0
-    assert frac_zero_std_groups(t([1.0, 2.0, 2.0, 4.0]), torch.tensor([9, -1, 9, -1]), valid) == 0.0
-    assert frac_zero_std_groups(t([2.0, 1.0, 2.0, 4.0]), torch.tensor([9, -1, 9, -1]), valid) == 0.5
+    scorable = torch.ones(4, dtype=torch.bool)
+    assert frac_zero_std_groups(t([1.0, 2.0, 3.0, 4.0]), torch.tensor([9, 9, -1, -1]), scorable) == 0.0
+    assert frac_zero_std_groups(t([1.0, 2.0, 2.0, 4.0]), torch.tensor([9, -1, 9, -1]), scorable) == 0.0
+    assert frac_zero_std_groups(t([2.0, 1.0, 2.0, 4.0]), torch.tensor([9, -1, 9, -1]), scorable) == 0.5
 
 
 # --------------------------------------------------------------------------- properties
@@ -376,19 +376,19 @@ def grouped_batches(draw: st.DrawFn, min_size: int = 1, all_valid: bool = False)
     ids = [label for label, size in zip(labels, sizes, strict=True) for _ in range(size)]
     n = len(ids)
     rewards = draw(st.lists(st.floats(-10, 10, allow_nan=False), min_size=n, max_size=n))
-    valid = [True] * n if all_valid else draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    scorable = [True] * n if all_valid else draw(st.lists(st.booleans(), min_size=n, max_size=n))
     order = draw(st.permutations(range(n)))
     return {
         "rewards": [rewards[i] for i in order],
         "ids": [ids[i] for i in order],
-        "valid": [valid[i] for i in order],
+        "scorable": [scorable[i] for i in order],
     }
 
 
 def reference_advantages(
     rewards: list[float],
     ids: list[int],
-    valid: list[bool],
+    scorable: list[bool],
     mean_level: str,
     leave_one_out: bool,
     std_level: str,
@@ -396,12 +396,12 @@ def reference_advantages(
 ) -> list[float]:
     """Slow, loop-by-loop statement of the documented rule."""
     n = len(rewards)
-    everyone = [j for j in range(n) if valid[j]]
+    everyone = [j for j in range(n) if scorable[j]]
     out = [0.0] * n
     for i in range(n):
-        if not valid[i]:
+        if not scorable[i]:
             continue
-        mates = [j for j in range(n) if valid[j] and ids[j] == ids[i]]
+        mates = [j for j in range(n) if scorable[j] and ids[j] == ids[i]]
         if "group" in (mean_level, std_level) and len(mates) < 2:
             continue
         if mean_level == "none":
@@ -427,18 +427,18 @@ def reference_advantages(
 @pytest.mark.parametrize("mean_level", LEVELS)
 @given(batch=grouped_batches())
 def test_matches_loop_reference(batch: dict[str, list], mean_level: str, leave_one_out: bool, std_level: str) -> None:
-    # Batch-level statistics with fewer than 2 valid completions in the whole batch are not
+    # Batch-level statistics with fewer than 2 scorable completions in the whole batch are not
     # defined by the documented formula; leave them out.
-    assume(sum(batch["valid"]) >= 2)
-    rewards, ids, valid = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["valid"])
+    assume(sum(batch["scorable"]) >= 2)
+    rewards, ids, scorable = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["scorable"])
     kwargs = {"mean_level": mean_level, "leave_one_out": leave_one_out, "std_level": std_level}
     sizes = {i: batch["ids"].count(i) for i in batch["ids"]}
     if leave_one_out and mean_level == "group" and max(sizes.values()) < 2:
         with pytest.raises(ValueError, match="num_generations"):
-            compute_advantages(rewards, ids, valid, **kwargs)  # type: ignore[arg-type]
+            compute_advantages(rewards, ids, scorable, **kwargs)  # type: ignore[arg-type]
         return
-    actual = compute_advantages(rewards, ids, valid, **kwargs)  # type: ignore[arg-type]
-    expected = reference_advantages(batch["rewards"], batch["ids"], batch["valid"], **kwargs)  # type: ignore[arg-type]
+    actual = compute_advantages(rewards, ids, scorable, **kwargs)  # type: ignore[arg-type]
+    expected = reference_advantages(batch["rewards"], batch["ids"], batch["scorable"], **kwargs)  # type: ignore[arg-type]
     torch.testing.assert_close(actual, t(expected), atol=1e-8, rtol=1e-8)
 
 
@@ -451,9 +451,9 @@ def _group_sums(values: torch.Tensor, ids: list[int]) -> dict[int, float]:
 
 @given(batch=grouped_batches(min_size=2))
 def test_loo_advantages_sum_to_zero_per_group(batch: dict[str, list]) -> None:
-    rewards, ids, valid = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["valid"])
-    adv = get_advantage_estimator("rloo")(rewards, ids, valid)
-    assert (adv[~valid] == 0).all()
+    rewards, ids, scorable = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["scorable"])
+    adv = get_advantage_estimator("rloo")(rewards, ids, scorable)
+    assert (adv[~scorable] == 0).all()
     for total in _group_sums(adv, batch["ids"]).values():
         assert abs(total) < 1e-9
 
@@ -472,12 +472,12 @@ def test_loo_equals_scaled_deviation_from_group_mean(batch: dict[str, list]) -> 
 @pytest.mark.parametrize("name", ["rloo", "grpo", "group_mean"])
 @given(batch=grouped_batches(min_size=2), shifts=st.lists(st.floats(-50, 50), min_size=6, max_size=6))
 def test_per_group_constant_leaves_advantages_unchanged(name: str, batch: dict[str, list], shifts: list[float]) -> None:
-    rewards, ids, valid = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["valid"])
+    rewards, ids, scorable = t(batch["rewards"]), torch.tensor(batch["ids"]), torch.tensor(batch["scorable"])
     labels = sorted(set(batch["ids"]))
     shift = t([shifts[labels.index(g)] for g in batch["ids"]])
     estimator = get_advantage_estimator(name)
     torch.testing.assert_close(
-        estimator(rewards + shift, ids, valid), estimator(rewards, ids, valid), atol=1e-7, rtol=0
+        estimator(rewards + shift, ids, scorable), estimator(rewards, ids, scorable), atol=1e-7, rtol=0
     )
 
 
@@ -485,6 +485,6 @@ def test_per_group_constant_leaves_advantages_unchanged(name: str, batch: dict[s
 def test_per_group_constant_changes_reinforce(batch: dict[str, list], c: float) -> None:
     # Sanity check that the invariance above is not vacuous: no baseline -> shifted.
     rewards, ids = t(batch["rewards"]), torch.tensor(batch["ids"])
-    valid = torch.ones(len(ids), dtype=torch.bool)
+    scorable = torch.ones(len(ids), dtype=torch.bool)
     estimator = get_advantage_estimator("reinforce")
-    torch.testing.assert_close(estimator(rewards + c, ids, valid), estimator(rewards, ids, valid) + c)
+    torch.testing.assert_close(estimator(rewards + c, ids, scorable), estimator(rewards, ids, scorable) + c)

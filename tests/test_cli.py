@@ -198,7 +198,7 @@ def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Pa
         result = invoke(
             "eval",
             *("--model", model, "--dataset", files["data"], "--reward", "accuracy", "--split", "train"),
-            *("--num-samples", "2", "--max-completion-length", "4", "--output", output),
+            *("--num-generations", "2", "--max-completion-length", "4", "--output", output),
         )
         assert succeeded(result)
         assert "greedy" in result.stdout
@@ -206,6 +206,31 @@ def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Pa
         scores = json.loads(output.read_text())
         assert scores["num_prompts"] == 16
         assert all(0.0 <= scores[key] <= 1.0 for key in ("greedy_accuracy", "pass_at_k"))
+
+
+def test_eval_combines_rewards_with_the_run_files_weights(tmp_path: Path, files: dict[str, Path]) -> None:
+    # before: `rloo eval` summed reward functions without their weights (and took no run file),
+    # so one run file reported different rewards in `rloo train` and `rloo eval`
+    one = "tests.helpers.models:always_one"
+    rewards = [{"name": one, "weight": 2.0}, {"name": one, "weight": 0.5}]
+    path = run_file(tmp_path, files, reward_funcs=rewards, max_steps=1, save_steps=1)
+    assert succeeded(invoke("train", path))
+    trained_reward = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["reward"]
+    output = tmp_path / "eval.json"
+    result = invoke("eval", "--model", files["model"], "--run-file", path, "--output", output, "--limit", "4")
+    assert succeeded(result)
+    scores = json.loads(output.read_text())
+    assert trained_reward == scores["greedy_mean_reward"] == scores["sampled_mean_reward"] == 2.5
+    assert scores["reward_weights"] == [2.0, 0.5] and scores["num_generations"] == 2
+    weighted = invoke(
+        "eval",
+        *("--model", files["model"], "--dataset", files["data"], "--split", "train", "--limit", "4"),
+        *("--reward", one, "--reward", one, "--reward-weight", "3", "--reward-weight", "1", "--output", output),
+    )
+    assert succeeded(weighted)
+    assert json.loads(output.read_text())["greedy_mean_reward"] == 4.0
+    mismatched = invoke("eval", "--model", files["model"], "--run-file", path, "--reward-weight", "1")
+    assert mismatched.exit_code == 2 and "1 --reward-weight values for 2 rewards" in flat(mismatched.stderr)
 
 
 def test_eval_of_a_missing_reward_exits_2(files: dict[str, Path]) -> None:

@@ -13,7 +13,7 @@ from rloo.config.rloo_config import fields_markdown
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- config-fields:start -->", "<!-- config-fields:end -->"
-REGENERATE = "regenerate it with `.venv/bin/python -m rloo.config.rloo_config` and paste it between the markers"
+REGENERATE = "regenerate it with `.venv/bin/python -m rloo.config` and paste it between the markers"
 
 
 def constructor_fields() -> list[dataclasses.Field[object]]:

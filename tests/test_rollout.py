@@ -17,7 +17,8 @@ from rloo.algo.stats import entropy_from_logits
 from rloo.generation.logprobs import completion_logprobs, token_logprobs_and_entropy
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
 from rloo.generation.sampling import SamplingParams
-from rloo.tiny import build_char_tokenizer, build_tiny_llama
+from rloo.tiny import build_char_tokenizer
+from tests.helpers.models import peaked_tiny_llama
 
 TEXTS = ["hello world", "ab", "x = 1 + 2?", "Q"]  # different lengths: left padding differs per row
 CPU = torch.device("cpu")
@@ -30,13 +31,7 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def model(tokenizer: Any) -> Any:
-    model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:  # embedding (tied with lm_head) and projections; norms keep their ones
-                p.normal_(0.0, 1.0 if "embed" in name else 0.3, generator=g)
-    return model
+    return peaked_tiny_llama(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -277,6 +277,27 @@ def test_evaluate_reports_eval_reward(tmp_path: Path) -> None:
     assert any("eval_reward" in h for h in t.state.log_history)
 
 
+def test_evaluate_leaves_the_run_unchanged(tmp_path: Path) -> None:
+    # before: evaluate() advanced state.num_groups_seen (and so every later group id) although
+    # it says evaluating does not change the run
+    def build(folder: str) -> RLOOTrainer:
+        tok = make_tokenizer()
+        args = config(tmp_path / folder, max_steps=2, weight_decay=0.0)
+        return RLOOTrainer(make_model(tok), frac7, args, dataset(), dataset(6), processing_class=tok)
+
+    plain, evaluated = build("plain"), build("evaluated")
+    before = evaluated.state.to_dict()
+    first = evaluated.evaluate()
+    assert evaluated.state.to_dict() == before
+    assert evaluated.evaluate() == first  # its own generator: the same numbers every time
+    assert set(first) == {"eval_reward", "eval_reward_std", "eval_unscorable"}
+    plain.train()
+    evaluated.train()
+    assert evaluated.state.num_groups_seen == plain.state.num_groups_seen
+    for name, value in params(plain.unwrapped_model).items():
+        torch.testing.assert_close(params(evaluated.unwrapped_model)[name], value, rtol=0, atol=0)
+
+
 def test_kl_in_the_loss_and_entropy_bonus_train(tmp_path: Path) -> None:
     t = trainer(tmp_path, preset="grpo", beta=0.1, entropy_coef=0.01, max_steps=2)
     assert t.spec.kl_placement == "loss" and t.spec.ratio_level == "token"

@@ -108,7 +108,7 @@ def compute_advantages(
     - ``s_i`` (``std_level``): sample std (ddof=1, as ``torch.std``) of the rewards in
       i's group / the batch; with ``none`` there is no division and no eps.
 
-    Rules: invalid completions get advantage 0 and enter no statistic. When the baseline
+    Rules: unscorable completions get advantage 0 and enter no statistic. When the baseline
     or the std is taken per group, a completion whose group has fewer than 2 scorable members
     gets advantage 0 (it has no other sample to compare with).
 
@@ -166,7 +166,7 @@ def normalize_advantages(advantages: Tensor, scorable: Tensor, eps: float = DEFA
     """Batch whitening after the baseline: ``(A - mean(A)) / (std(A) + eps)``.
 
     Statistics over scorable completions only (std with ddof=1, as TRL's ``advantages.std()``);
-    invalid completions stay at 0. Shapes ``(N,)``.
+    unscorable completions stay at 0. Shapes ``(N,)``.
     """
     if scorable.sum() == 0:
         return advantages

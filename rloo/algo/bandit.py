@@ -31,8 +31,8 @@ def sample_gradient_estimates(
     arms = torch.multinomial(pi.expand(num_groups, -1), k, replacement=True, generator=generator)  # (M, K)
     rewards = arm_rewards[arms].reshape(-1)
     group_ids = torch.arange(num_groups).repeat_interleave(k)
-    valid = torch.ones_like(rewards, dtype=torch.bool)
-    advantages = get_advantage_estimator(estimator)(rewards, group_ids, valid).reshape(num_groups, k)
+    scorable = torch.ones_like(rewards, dtype=torch.bool)
+    advantages = get_advantage_estimator(estimator)(rewards, group_ids, scorable).reshape(num_groups, k)
     score = torch.nn.functional.one_hot(arms, theta.numel()).to(pi) - pi  # (M, K, A)
     return (advantages.unsqueeze(-1) * score).mean(dim=1)
 

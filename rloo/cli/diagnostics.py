@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 Rows = list[dict[str, Any]]
 
@@ -31,12 +31,17 @@ def training_rows(rows: Rows) -> Rows:
     return [row for row in rows if not any(str(key).startswith("eval_") for key in row)]
 
 
+def is_finite(value: Any) -> TypeGuard[int | float]:
+    """A finite int or float (a logged metric that can be drawn)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def finite_series(rows: Rows, key: str) -> tuple[list[float], list[float]]:
     """``(steps, values)`` of ``key`` over the rows where it is a finite number."""
     steps, values = [], []
     for row in rows:
         value = row.get(key)
-        if isinstance(value, int | float) and math.isfinite(value) and isinstance(row.get("step"), int | float):
+        if is_finite(value) and isinstance(row.get("step"), int | float):
             steps.append(float(row["step"]))
             values.append(float(value))
     return steps, values

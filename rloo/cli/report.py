@@ -13,22 +13,19 @@ is still writing: an unreadable (half-written) line of a JSONL file is skipped a
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import html
-import io
 import json
-import math
 import os
 import tempfile
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rloo.cli.diagnostics import Rows, diagnose, finite_series, training_rows
+from rloo.cli.diagnostics import Rows, diagnose, finite_series, is_finite, training_rows
+from rloo.cli.plots import render_plots
 
 __all__ = ["build_report", "diagnose"]
 
@@ -37,61 +34,6 @@ SAMPLE_ROWS = 20  # ... at most this many: the best and the worst half
 MAX_TEXT_CHARS = 400  # longer prompts and completions are cut with an ellipsis
 
 
-@dataclass(frozen=True)
-class Plot:
-    """One figure: ``keys`` drawn as lines over steps, ``bands`` maps a mean key to its std key."""
-
-    title: str
-    keys: tuple[str, ...]
-    missing: str  # the note shown when none of ``keys`` was logged
-    bands: dict[str, str] = field(default_factory=dict)
-    log_scale: bool = False
-    from_zero: bool = False  # counts and fractions: the y axis starts at 0
-
-
-def _plots(logged: set[str]) -> list[Plot]:
-    per_function = tuple(sorted(k for k in logged if k.startswith("rewards/") and k.endswith("/mean")))
-    return [
-        Plot("Reward (mean ± std)", ("reward",), "no reward logged", {"reward": "reward_std"}),
-        Plot(
-            "Reward per function (mean ± std)",
-            per_function,
-            "no rewards/<name>/mean logged",
-            {key: key.removesuffix("/mean") + "/std" for key in per_function},
-        ),
-        Plot("KL to the reference", ("kl",), "no kl logged (it is computed only when beta > 0)"),
-        Plot("Entropy", ("entropy",), "no entropy logged"),
-        Plot(
-            "Completion length (tokens)",
-            ("completions/mean_length", "completions/min_length", "completions/max_length"),
-            "no completion lengths logged",
-            from_zero=True,
-        ),
-        Plot(
-            "Clipped ratio (hit max_completion_length)",
-            ("completions/clipped_ratio",),
-            "no clipped ratio logged",
-            from_zero=True,
-        ),
-        Plot(
-            "Clip ratios",
-            ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"),
-            "no clip ratios logged",
-            from_zero=True,
-        ),
-        Plot("Loss", ("loss",), "no loss logged"),
-        Plot("Learning rate", ("learning_rate",), "no learning_rate logged"),
-        Plot("Gradient norm (before clipping)", ("grad_norm",), "no grad_norm logged", log_scale=True),
-        Plot(
-            "Eval reward (mean ± std)",
-            ("eval_reward",),
-            "no eval_reward logged (needs eval_dataset and eval_steps)",
-            {"eval_reward": "eval_reward_std"},
-        ),
-    ]
-
-
-# ---------------------------------------------------------------------------- public entry point
 def build_report(run_dir: str | Path, output: Path | None = None) -> Path:
     """Write the HTML report of ``run_dir`` to ``output`` (default ``run_dir/report.html``).
 
@@ -129,7 +71,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             except json.JSONDecodeError:
                 skipped += 1
                 continue
-            if isinstance(row, dict) and _is_finite(row.get("step")):
+            if isinstance(row, dict) and is_finite(row.get("step")):
                 rows.append(row)
             else:
                 skipped += 1
@@ -170,74 +112,11 @@ def _read_config(path: Path) -> dict[str, Any] | str:
     return config if isinstance(config, dict) else "config.yaml does not hold a mapping"
 
 
-# ---------------------------------------------------------------------------- plots
-def _render_plots(rows: Rows) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(title, base64 PNG)`` for each plot with data, and a note for each without."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    logged = {key for row in rows for key, value in row.items() if _is_finite(value)}
-    images, omitted = [], []
-    for plot in _plots(logged):
-        keys = [key for key in plot.keys if key in logged]
-        if not keys:
-            omitted.append(f"{plot.title}: {plot.missing}")
-            continue
-        figure = Figure(figsize=(6.0, 3.2), dpi=100, layout="constrained")
-        FigureCanvasAgg(figure)
-        _draw(figure.add_subplot(), rows, plot, keys)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        images.append((plot.title, base64.b64encode(buffer.getvalue()).decode("ascii")))
-    return images, omitted
-
-
-def _draw(axes: Any, rows: Rows, plot: Plot, keys: list[str]) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    for key in keys:
-        steps, values = finite_series(rows, key)
-        marker = "o" if len(steps) <= 30 else None
-        (line,) = axes.plot(steps, values, marker=marker, markersize=3, linewidth=1.5, label=_short_label(key))
-        std_key = plot.bands.get(key)
-        if std_key is not None:
-            band = [
-                (r["step"], r[key], r[std_key]) for r in rows if _is_finite(r.get(key)) and _is_finite(r.get(std_key))
-            ]
-            if band:
-                xs, means, stds = zip(*band, strict=True)
-                lows = [m - s for m, s in zip(means, stds, strict=True)]
-                highs = [m + s for m, s in zip(means, stds, strict=True)]
-                axes.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
-    axes.set_title(plot.title, fontsize=11)
-    axes.set_xlabel("step")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.grid(alpha=0.3)
-    if plot.log_scale and all(v > 0 for key in keys for v in finite_series(rows, key)[1]):
-        axes.set_yscale("log")
-    if plot.from_zero:
-        axes.set_ylim(bottom=0)
-    if len(keys) > 1:
-        axes.legend(fontsize=8, framealpha=0.7)
-
-
-def _short_label(key: str) -> str:
-    """The legend name: ``rewards/accuracy/mean`` -> ``accuracy``, ``completions/min_length`` -> ``min``."""
-    name = key.split("/", 1)[-1]
-    for suffix in ("/mean", "_mean", "_length"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def _is_finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 # ---------------------------------------------------------------------------- HTML
 def _page(run: Path, rows: Rows, notes: list[str]) -> str:
     warnings = _read_warnings(run / "warnings.log")
     diagnostics = diagnose(rows)
-    images, omitted = _render_plots(rows)
+    images, omitted = render_plots(rows)
     completions = _last_steps_completions(run / "completions.jsonl", SAMPLE_STEPS)
     body = "\n".join(
         [
@@ -308,8 +187,8 @@ def _samples_section(completions: list[dict[str, Any]]) -> str:
 
 def _pick_samples(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` rows, the highest and the lowest rewards, best first; unscorable rows last."""
-    scored = sorted((r for r in rows if _is_finite(r.get("reward"))), key=lambda r: -float(r["reward"]))
-    unscored = [r for r in rows if not _is_finite(r.get("reward"))]
+    scored = sorted((r for r in rows if is_finite(r.get("reward"))), key=lambda r: -float(r["reward"]))
+    unscored = [r for r in rows if not is_finite(r.get("reward"))]
     if len(scored) <= limit:
         return (scored + unscored)[:limit]
     half = limit // 2

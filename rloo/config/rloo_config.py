@@ -385,7 +385,3 @@ def fields_markdown() -> str:
             trl = "—" if f.metadata["trl"] is None else f"`{f.metadata['trl']}`"
             rows.append(f"| `{f.name}` | `{f.default!r}` | {text} | {trl} |")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # regenerates the README table: python -m rloo.config.rloo_config
-    print(fields_markdown())

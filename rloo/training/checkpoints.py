@@ -76,6 +76,26 @@ def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def training_state(optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any) -> dict[str, Any]:
+    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(generator),
+        "sampler": sampler.state_dict(),
+    }
+
+
+def restore_training_state(
+    state: dict[str, Any], optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any
+) -> None:
+    """The inverse of :func:`training_state`, in place."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    restore_rng_state(state["rng"], generator)
+    sampler.load_state_dict(state["sampler"])
+
+
 def save_checkpoint(
     output_dir: Path,
     step: int,
@@ -136,6 +156,15 @@ def rotate_checkpoints(output_dir: Path, save_total_limit: int | None) -> None:
     checkpoints = list_checkpoints(output_dir)
     for path in checkpoints[: max(0, len(checkpoints) - save_total_limit)]:
         shutil.rmtree(path)
+
+
+def refuse_to_overwrite(output_dir: Path) -> None:
+    """A fresh run never writes into a folder holding another run's checkpoints."""
+    if latest_checkpoint(output_dir) is not None:
+        raise ValueError(
+            f"output_dir {str(output_dir)!r} already holds checkpoints of an earlier run; pass "
+            "resume_from_checkpoint=True to continue it, or choose a new output_dir (nothing was changed)"
+        )
 
 
 def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rloo.algo.advantages import frac_zero_std_groups
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
 from rloo.rewards.calling import CombinedRewards
@@ -51,6 +52,34 @@ def completion_metrics(rollout: Rollout) -> dict[str, float]:
     }
 
 
+def generation_metrics(
+    scored: ScoredRollout, rewards: Tensor, advantages: Tensor, names: list[str]
+) -> dict[str, float]:
+    """Every metric of a generation batch: rewards (before clipping and KL), completions,
+    advantages, zero-std groups (of the rewards the baseline saw), truncated prompts, timings."""
+    combined, group_ids = scored.rewards, scored.rollout.group_ids
+    metrics = reward_metrics(combined, names)
+    metrics.update(completion_metrics(scored.rollout))
+    metrics.update(advantage_metrics(advantages, combined.scorable))
+    metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, group_ids, combined.scorable)
+    metrics["prompts/truncated"] = float(scored.num_truncated_prompts)
+    metrics["timing/generate"], metrics["timing/score"] = scored.generate_seconds, scored.score_seconds
+    return metrics
+
+
+def batch_warnings(metrics: dict[str, float], names: list[str], max_prompt_length: int | None) -> list[str]:
+    """What a generation batch's metrics show that the user should hear about."""
+    messages = []
+    if metrics["rewards/unscorable"]:
+        messages.append("some completions got None from every reward function: they are left out of the baselines")
+    if metrics["prompts/truncated"]:
+        messages.append(f"prompts longer than max_prompt_length={max_prompt_length} are cut from the left")
+    for name in names:
+        if metrics.get(f"rewards/{name}/nonfinite"):
+            messages.append(f"reward function `{name}` returned NaN/inf: treated as 'does not apply'")
+    return messages
+
+
 def advantage_metrics(advantages: Tensor, scorable: Tensor) -> dict[str, float]:
     values = advantages[scorable]
     return {
@@ -75,6 +104,17 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     if kls:
         metrics["kl"] = sum(kls) / len(kls)
     return metrics
+
+
+def eval_metrics(rewards: Tensor) -> dict[str, float]:
+    """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, and how many were
+    unscorable; ``rewards: (N,)`` combined rewards, NaN where unscorable."""
+    scored = rewards[~rewards.isnan()]
+    return {
+        "eval_reward": float(scored.mean()) if scored.numel() else float("nan"),
+        "eval_reward_std": _std(scored),
+        "eval_unscorable": float(rewards.isnan().sum()),
+    }
 
 
 def step_timing(

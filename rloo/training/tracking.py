@@ -123,3 +123,20 @@ def set_aside_old_logs(output_dir: Path, console: Any) -> None:
             kept = path.with_name(f"{path.stem}.before-{stamp}{path.suffix}")
             path.rename(kept)
             console.print(f"kept the earlier run's {name} as {kept.name}")
+
+
+class RunWarnings:
+    """Each warning once: printed, and appended to ``output_dir/warnings.log`` (the report shows it)."""
+
+    def __init__(self, output_dir: Path, console: Any) -> None:
+        self.path, self.console = output_dir / "warnings.log", console
+        self._seen: set[str] = set()
+
+    def warn(self, message: str, step: int) -> None:
+        if message in self._seen:
+            return
+        self._seen.add(message)
+        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(f"step {step}: {message}\n")

@@ -28,7 +28,7 @@ from rich.console import Console
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rloo.algo.advantages import clip_rewards, frac_zero_std_groups, get_advantage_estimator, normalize_advantages
+from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normalize_advantages
 from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.algo.stats import masked_mean
@@ -44,9 +44,9 @@ from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows, plan_passes, take_rows, trainable_rows
 from rloo.training.metrics import (
-    advantage_metrics,
-    completion_metrics,
-    reward_metrics,
+    batch_warnings,
+    eval_metrics,
+    generation_metrics,
     step_timing,
     update_metrics,
     write_completions,
@@ -61,7 +61,14 @@ from rloo.training.models import (
 from rloo.training.optimization import build_optimizer, total_steps, zero_grads_if_none
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, pass_loss
 from rloo.training.progress import StopRequest, TrainingProgress
-from rloo.training.tracking import MetricsSink, TrainerState, mean_metrics, run_callbacks, set_aside_old_logs
+from rloo.training.tracking import (
+    MetricsSink,
+    RunWarnings,
+    TrainerState,
+    mean_metrics,
+    run_callbacks,
+    set_aside_old_logs,
+)
 
 
 class RLOOTrainer:
@@ -83,6 +90,17 @@ class RLOOTrainer:
         self.args = args = args if args is not None else RLOOConfig()
         self.spec = args.algorithm
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
+        eps_low, eps_high = self.spec.clip_range
+        # the objective's scalars (rloo.algo.objective.policy_objective), fixed for the run
+        self._objective = {
+            "ratio_level": self.spec.ratio_level,
+            "eps_low": eps_low,
+            "eps_high": eps_high,
+            "aggregation": self.spec.loss_aggregation,
+            "max_completion_length": args.max_completion_length,
+            "kl_estimator": self.spec.kl_estimator,
+            "kl_coef": self.loss_beta,
+        }
         set_seed(args.seed)
         self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16))
         self.console = Console(stderr=True)
@@ -101,7 +119,7 @@ class RLOOTrainer:
         )
         self.processing_class = load_tokenizer(model, processing_class)
         self.rewards = RewardFunctions(resolve_rewards(reward_funcs, reward_processing_classes), args.reward_weights)
-        self.reward_funcs, self.reward_names = self.rewards.funcs, self.rewards.names
+        self.reward_funcs = self.rewards.funcs  # TRL's attribute
 
         self.sampler = PromptSampler(len(self.train_dataset), args.seed, args.shuffle_dataset)
         self.state = TrainerState(max_steps=total_steps(args, len(self.train_dataset)))
@@ -121,7 +139,7 @@ class RLOOTrainer:
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
-        self._warned: set[str] = set()
+        self._warnings = RunWarnings(self.output_dir, self.console)
         self._stop = StopRequest()
 
     @property
@@ -132,12 +150,8 @@ class RLOOTrainer:
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainerState:
         """Train until ``max_steps``; ``resume_from_checkpoint``: True (latest) or a folder."""
         resume_path = checkpoints.resolve_resume_path(resume_from_checkpoint, self.output_dir)
-        if resume_path is None and checkpoints.latest_checkpoint(self.output_dir) is not None:
-            raise ValueError(
-                f"output_dir {str(self.output_dir)!r} already holds checkpoints of an earlier run; pass "
-                "resume_from_checkpoint=True to continue it, or choose a new output_dir (nothing was changed)"
-            )
         if resume_path is None:
+            checkpoints.refuse_to_overwrite(self.output_dir)
             set_aside_old_logs(self.output_dir, self.console)
         self.sink = MetricsSink(self.output_dir, self.args.report_to, self.args.to_dict())
         if resume_path is not None:
@@ -203,7 +217,9 @@ class RLOOTrainer:
         if spec.normalize_advantages:
             advantages = normalize_advantages(advantages, scorable)
 
-        metrics = self._batch_metrics(scored, rewards, advantages)
+        metrics = generation_metrics(scored, rewards, advantages, self.rewards.names)
+        for message in batch_warnings(metrics, self.rewards.names, args.max_prompt_length):
+            self.warn(message)
         if per_token_kl is not None:
             metrics["kl"] = float(masked_mean(per_token_kl, loss_mask))
         metrics["timing/reference"] = t1 - t0
@@ -228,26 +244,6 @@ class RLOOTrainer:
             trainer_state=self.state,
             autocast=self.accelerator.autocast,
         )
-
-    def _batch_metrics(self, scored: ScoredRollout, rewards: Tensor, advantages: Tensor) -> dict[str, float]:
-        combined, group_ids = scored.rewards, scored.rollout.group_ids
-        metrics = reward_metrics(combined, self.reward_names)
-        metrics.update(completion_metrics(scored.rollout))
-        metrics.update(advantage_metrics(advantages, combined.scorable))
-        metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, group_ids, combined.scorable)
-        metrics["prompts/truncated"] = float(scored.num_truncated_prompts)
-        metrics["timing/generate"], metrics["timing/score"] = scored.generate_seconds, scored.score_seconds
-        self._warn_about(metrics)
-        return metrics
-
-    def _warn_about(self, metrics: dict[str, float]) -> None:
-        if metrics["rewards/unscorable"]:
-            self.warn("some completions got None from every reward function: they are left out of the baselines")
-        if metrics["prompts/truncated"]:
-            self.warn(f"prompts longer than max_prompt_length={self.args.max_prompt_length} are cut from the left")
-        for name in self.reward_names:
-            if metrics.get(f"rewards/{name}/nonfinite"):
-                self.warn(f"reward function `{name}` returned NaN/inf: treated as 'does not apply'")
 
     def _max_rows(self, rollout: Rollout, cap: int | None = None) -> int:
         """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``)."""
@@ -279,20 +275,9 @@ class RLOOTrainer:
         are skipped when that is exact (no KL or entropy term in the loss), and the rest is
         cut into passes that keep the logits within ``max_logits_memory_mb``.
         """
-        args, spec = self.args, self.spec
+        args = self.args
         all_rows = torch.cat(step_rows)
-        eps_low, eps_high = spec.clip_range
-        objective = {
-            "ratio_level": spec.ratio_level,
-            "eps_low": eps_low,
-            "eps_high": eps_high,
-            "aggregation": spec.loss_aggregation,
-            "total_tokens": float(batch.loss_mask[all_rows].sum()),
-            "total_sequences": float(all_rows.numel()),
-            "max_completion_length": args.max_completion_length,
-            "kl_estimator": spec.kl_estimator,
-            "kl_coef": self.loss_beta,
-        }
+        totals = {"total_tokens": float(batch.loss_mask[all_rows].sum()), "total_sequences": float(all_rows.numel())}
         exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and self.loss_beta == 0
         active = trainable_rows(all_rows, batch.advantages, exact_skip)
         max_rows = self._max_rows(batch.rollout, cap=args.per_device_train_batch_size)
@@ -305,7 +290,8 @@ class RLOOTrainer:
                     take_rows(batch, rows),
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
-                    **objective,
+                    **self._objective,
+                    **totals,
                 )
             self.accelerator.backward(result.loss)
             results.append(result)
@@ -358,27 +344,15 @@ class RLOOTrainer:
 
     def warn(self, message: str) -> None:
         """Print a warning once and append it to ``output_dir/warnings.log`` (shown in the report)."""
-        if message in self._warned:
-            return
-        self._warned.add(message)
-        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        with (self.output_dir / "warnings.log").open("a") as handle:
-            handle.write(f"step {self.state.global_step}: {message}\n")
+        self._warnings.warn(message, self.state.global_step)
 
     def _save_checkpoint(self) -> Path:
-        training_state = {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": checkpoints.rng_state(self.generator),
-            "sampler": self.sampler.state_dict(),
-        }
         path = checkpoints.save_checkpoint(
             self.output_dir,
             self.state.global_step,
             model=self.unwrapped_model,
             tokenizer=self.processing_class,
-            training_state=training_state,
+            training_state=checkpoints.training_state(self.optimizer, self.scheduler, self.generator, self.sampler),
             trainer_state=self.state.to_dict(),
             config_yaml=self._config_yaml(),
             save_total_limit=self.args.save_total_limit,
@@ -389,13 +363,8 @@ class RLOOTrainer:
     def _load_checkpoint(self, path: Path) -> None:
         trainer_state, training_state = checkpoints.load_checkpoint_states(path)
         checkpoints.load_model_weights(self.unwrapped_model, path)
-        self.optimizer.load_state_dict(training_state["optimizer"])
-        self.scheduler.load_state_dict(training_state["scheduler"])
-        checkpoints.restore_rng_state(training_state["rng"], self.generator)
-        self.sampler.load_state_dict(training_state["sampler"])
-        max_steps = self.state.max_steps
-        self.state = TrainerState.from_dict(trainer_state)
-        self.state.max_steps = max_steps
+        checkpoints.restore_training_state(training_state, self.optimizer, self.scheduler, self.generator, self.sampler)
+        self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 
     # ------------------------------------------------------------------ public helpers
@@ -414,13 +383,7 @@ class RLOOTrainer:
             indices = list(range(start, min(start + size, total)))
             scored = self._scored_rollout(self.eval_dataset, indices, range(start, start + len(indices)), generator)
             rewards.append(scored.rewards.rewards_or_nan())
-        values = torch.cat(rewards)
-        scored_values = values[~values.isnan()]
-        return {
-            "eval_reward": float(scored_values.mean()) if scored_values.numel() else float("nan"),
-            "eval_reward_std": float(scored_values.std()) if scored_values.numel() > 1 else 0.0,
-            "eval_unscorable": float(values.isnan().sum()),
-        }
+        return eval_metrics(torch.cat(rewards))
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""

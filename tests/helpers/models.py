@@ -77,3 +77,20 @@ def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overr
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def always_one(completions: list[Any], **kwargs: Any) -> list[float]:
+    """A reward of 1.0 for every completion (importable as ``tests.helpers.models:always_one``)."""
+    return [1.0] * len(completions)
+
+
+def peaked_tiny_llama(tokenizer: Any) -> Any:
+    """A tiny Llama whose weights are re-drawn larger than the init, so next-token
+    distributions are peaked and varied: greedy decoding differs per prompt and EOS is reachable."""
+    model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:  # embedding (tied with lm_head) and projections; norms keep their ones
+                p.normal_(0.0, 1.0 if "embed" in name else 0.3, generator=g)
+    return model
