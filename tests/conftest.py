@@ -1,4 +1,4 @@
-"""Shared test configuration: one hypothesis profile for the whole math suite.
+"""Shared test configuration: one hypothesis profile for the whole math suite, shared fixtures.
 
 Examples are few (the machine is small) and there is no per-example deadline, so a slow
 first call (torch warm-up) does not make a property test flaky.
@@ -6,7 +6,14 @@ first call (torch warm-up) does not make a property test flaky.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+from rloo.tiny import build_char_tokenizer
+from tests.helpers.models import peaked_tiny_llama, tiny_reward_model
 
 settings.register_profile(
     "rloo",
@@ -16,3 +23,25 @@ settings.register_profile(
     derandomize=True,  # the same examples on every run: CI cannot flake on a new draw
 )
 settings.load_profile("rloo")
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer() -> Any:
+    """The default character tokenizer (read-only: do not change its attributes)."""
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def peaked_model(char_tokenizer: Any) -> Any:
+    """:func:`tests.helpers.models.peaked_tiny_llama` for ``char_tokenizer``, in eval mode."""
+    return peaked_tiny_llama(char_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny sequence-classification reward model and its tokenizer (read-only)."""
+    path = tmp_path_factory.mktemp("models") / "tiny-rm"
+    tokenizer = build_char_tokenizer()
+    tiny_reward_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

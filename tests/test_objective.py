@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rloo.algo.objective import ObjectiveInputs, policy_objective
+from rloo.algo.objective import ObjectiveInputs, ObjectiveOutput, policy_objective
 
 F64 = torch.float64
 RHO = math.exp(0.1)  # old log-probs are the current ones - 0.1: ratio e^0.1, inside the clip range
@@ -43,51 +43,48 @@ def inputs(rows: slice = slice(None)) -> ObjectiveInputs:
     )
 
 
-def objective(aggregation: str, rows: slice = slice(None), **overrides: float) -> torch.Tensor:
-    settings = {"kl_coef": KL_COEF, "entropy_coef": ENTROPY_COEF, **overrides}
+def objective(
+    x: ObjectiveInputs,
+    aggregation: str = "token_mean",
+    eps: float = 0.2,
+    kl_coef: float = KL_COEF,
+    entropy_coef: float = ENTROPY_COEF,
+) -> ObjectiveOutput:
     return policy_objective(
-        inputs(rows),
+        x,
         ratio_level="token",
-        eps_low=0.2,
-        eps_high=0.2,
+        eps_low=eps,
+        eps_high=eps,
         aggregation=aggregation,
         total_tokens=TOTAL_TOKENS,
         total_sequences=TOTAL_SEQUENCES,
         max_completion_length=T_MAX,
         kl_estimator="k1",
-        **settings,
-    ).loss
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+    )
 
 
 @pytest.mark.parametrize("aggregation", list(EXPECTED))
 def test_kl_in_the_loss_and_entropy_bonus_hand_values(aggregation: str) -> None:
-    assert objective(aggregation).item() == pytest.approx(EXPECTED[aggregation], rel=1e-12)
+    assert objective(inputs(), aggregation).loss.item() == pytest.approx(EXPECTED[aggregation], rel=1e-12)
 
 
 @pytest.mark.parametrize("aggregation", list(EXPECTED))
 def test_passes_with_whole_step_totals_add_up(aggregation: str) -> None:
-    split = objective(aggregation, slice(0, 1)) + objective(aggregation, slice(1, 2))
+    split = objective(inputs(slice(0, 1)), aggregation).loss + objective(inputs(slice(1, 2)), aggregation).loss
     assert split.item() == pytest.approx(EXPECTED[aggregation], rel=1e-12)
 
 
 def test_kl_coef_zero_and_no_entropy_leave_the_policy_loss() -> None:
     # seq_mean_token_sum without KL and entropy: (3 * -rho + 2 * 2 rho) / 4 = rho / 4
-    plain = objective("seq_mean_token_sum", kl_coef=0.0, entropy_coef=0.0)
+    plain = objective(inputs(), "seq_mean_token_sum", kl_coef=0.0, entropy_coef=0.0).loss
     assert plain.item() == pytest.approx(RHO / TOTAL_SEQUENCES, rel=1e-12)
 
 
 def test_reported_kl_and_clip_fractions() -> None:
-    out = policy_objective(
-        inputs(),
-        ratio_level="token",
-        eps_low=0.05,  # rho = e^0.1 = 1.105 > 1.05: clipped high where A > 0 (row 0's 3 tokens)
-        eps_high=0.05,
-        aggregation="token_mean",
-        total_tokens=TOTAL_TOKENS,
-        total_sequences=TOTAL_SEQUENCES,
-        max_completion_length=T_MAX,
-        kl_coef=KL_COEF,
-    )
+    # rho = e^0.1 = 1.105 > 1 + 0.05: clipped high where A > 0 (row 0's 3 tokens of 5)
+    out = objective(inputs(), eps=0.05)
     assert out.kl == pytest.approx((0.5 + 0.0 + 0.5 + 0.0 - 0.5) / 5)  # masked mean of k1
     assert out.clip.high == pytest.approx(3 / 5) and out.clip.low == 0.0 and out.clip.region == pytest.approx(3 / 5)
 
@@ -97,19 +94,9 @@ def test_gradient_of_the_entropy_bonus_and_kl_hand_value() -> None:
     x = inputs()
     logprobs = x.logprobs.clone().requires_grad_(True)
     entropy = x.entropy.clone().requires_grad_(True)  # type: ignore[union-attr]
-    out = policy_objective(
-        ObjectiveInputs(logprobs, x.old_logprobs, x.reference_logprobs, x.advantages, x.loss_mask, entropy),
-        ratio_level="token",
-        eps_low=0.2,
-        eps_high=0.2,
-        aggregation="token_mean",
-        total_tokens=TOTAL_TOKENS,
-        total_sequences=TOTAL_SEQUENCES,
-        max_completion_length=T_MAX,
-        kl_coef=KL_COEF,
-        entropy_coef=ENTROPY_COEF,
-    )
-    out.loss.backward()
+    objective(
+        ObjectiveInputs(logprobs, x.old_logprobs, x.reference_logprobs, x.advantages, x.loss_mask, entropy)
+    ).loss.backward()
     mask = torch.tensor(MASK, dtype=F64)
     expected = (-RHO * torch.tensor(ADVANTAGES, dtype=F64).unsqueeze(1) + KL_COEF) / TOTAL_TOKENS * mask
     torch.testing.assert_close(logprobs.grad, expected, rtol=1e-12, atol=1e-15)

@@ -24,7 +24,6 @@ from rloo.rewards.builtins import (
 from rloo.rewards.calling import compute_rewards, reward_func_names
 from rloo.rewards.resolve import resolve_reward
 from rloo.rewards.reward_model import RewardModelScorer, reward_model
-from tests.helpers.models import tiny_reward_model
 
 
 def chat(text: str) -> list[dict[str, str]]:
@@ -239,17 +238,6 @@ def test_length_reward_custom_and_validation() -> None:
 
 
 # ---------------------------------------------------------------------------- reward models
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rloo.tiny import build_char_tokenizer
-
-    path = tmp_path_factory.mktemp("models") / "tiny-rm"
-    tokenizer = build_char_tokenizer()
-    tiny_reward_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def test_reward_model_wraps_scorer(reward_model_dir: Path) -> None:

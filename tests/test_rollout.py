@@ -17,21 +17,19 @@ from rloo.algo.stats import entropy_from_logits
 from rloo.generation.logprobs import completion_logprobs, token_logprobs_and_entropy
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
 from rloo.generation.sampling import SamplingParams
-from rloo.tiny import build_char_tokenizer
-from tests.helpers.models import peaked_tiny_llama
 
 TEXTS = ["hello world", "ab", "x = 1 + 2?", "Q"]  # different lengths: left padding differs per row
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return build_char_tokenizer()
+def tokenizer(char_tokenizer: Any) -> Any:
+    return char_tokenizer
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer: Any) -> Any:
-    return peaked_tiny_llama(tokenizer)
+def model(peaked_model: Any) -> Any:
+    return peaked_model
 
 
 @pytest.fixture(scope="module")

@@ -260,15 +260,6 @@ def manual_scores(model: PreTrainedModel, tokenizer: Any, texts: list[str]) -> t
     return torch.stack(scores)
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "tiny-rm"
-    tokenizer = build_char_tokenizer()
-    tiny_reward_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def test_reward_model_by_path_matches_a_manual_forward(reward_model_dir: Path) -> None:
     funcs = resolve_rewards([str(reward_model_dir), length])
     assert isinstance(funcs[0], RewardModelScorer)

@@ -182,42 +182,18 @@ class AdvantageEstimator(Protocol):
 
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
-# Ahmadian et al. 2024; TRL's RLOOTrainer
-ADVANTAGE_ESTIMATORS.add(
-    "rloo",
-    functools.partial(compute_advantages, mean_level="group", leave_one_out=True, std_level="none"),
-    "A_i = R_i - 1/(K-1) sum_{j!=i} R_j",
+# name, compute_advantages knobs (mean_level, leave_one_out, std_level), printed formula
+_ESTIMATORS: tuple[tuple[str, Level, bool, Level, str], ...] = (
+    ("rloo", "group", True, "none", "A_i = R_i - 1/(K-1) sum_{j!=i} R_j"),  # Ahmadian et al. 2024; TRL
+    ("grpo", "group", False, "group", "A_i = (R_i - mean_group R) / (std_group R + 1e-4)"),  # Shao et al. 2024
+    ("group_mean", "group", False, "none", "A_i = R_i - mean_group R"),  # Dr. GRPO: no std scaling
+    ("reinforce", "none", False, "none", "A_i = R_i"),  # plain REINFORCE, no baseline
+    ("reinforce_pp", "batch", False, "batch", "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)"),  # Hu 2025
+    ("reinforce_pp_baseline", "group", False, "batch", "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)"),
 )
-# Shao et al. 2024
-ADVANTAGE_ESTIMATORS.add(
-    "grpo",
-    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="group"),
-    "A_i = (R_i - mean_group R) / (std_group R + 1e-4)",
-)
-# Dr. GRPO: no std scaling
-ADVANTAGE_ESTIMATORS.add(
-    "group_mean",
-    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="none"),
-    "A_i = R_i - mean_group R",
-)
-# plain REINFORCE, no baseline
-ADVANTAGE_ESTIMATORS.add(
-    "reinforce",
-    functools.partial(compute_advantages, mean_level="none", leave_one_out=False, std_level="none"),
-    "A_i = R_i",
-)
-# REINFORCE++ (Hu 2025)
-ADVANTAGE_ESTIMATORS.add(
-    "reinforce_pp",
-    functools.partial(compute_advantages, mean_level="batch", leave_one_out=False, std_level="batch"),
-    "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)",
-)
-# REINFORCE++-baseline
-ADVANTAGE_ESTIMATORS.add(
-    "reinforce_pp_baseline",
-    functools.partial(compute_advantages, mean_level="group", leave_one_out=False, std_level="batch"),
-    "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)",
-)
+for _name, _mean, _loo, _std, _formula in _ESTIMATORS:
+    _estimator = functools.partial(compute_advantages, mean_level=_mean, leave_one_out=_loo, std_level=_std)
+    ADVANTAGE_ESTIMATORS.add(_name, _estimator, _formula)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:

@@ -110,43 +110,43 @@ def get_policy_loss(ratio_level: str) -> PolicyLoss:
     return POLICY_LOSSES.get_entry(ratio_level)
 
 
+@dataclass(frozen=True)
+class LossTotals:
+    """Whole-step normalizers: the tokens (``sum_i L_i``) and completions (N) of the optimizer
+    step, and the completion-length limit ``T_max``."""
+
+    num_tokens: float
+    num_sequences: float
+    max_length: int
+
+
 class Aggregation(Protocol):
     """Per-completion summed losses ``S_i: (N,)`` and lengths ``L_i: (N,)`` -> one scalar."""
 
-    def __call__(
-        self, sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
-    ) -> Tensor: ...
+    def __call__(self, sequence_loss: Tensor, lengths: Tensor, totals: LossTotals) -> Tensor: ...
 
 
 AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 
 @AGGREGATIONS.register("token_mean", "sum_i S_i / sum_i |o_i|")
-def _token_mean(
-    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
-) -> Tensor:
-    return sequence_loss.sum() / max(num_tokens, 1.0)
+def _token_mean(sequence_loss: Tensor, lengths: Tensor, totals: LossTotals) -> Tensor:
+    return sequence_loss.sum() / max(totals.num_tokens, 1.0)
 
 
 @AGGREGATIONS.register("seq_mean_token_mean", "1/N sum_i S_i / |o_i|")
-def _seq_mean_token_mean(
-    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
-) -> Tensor:
-    return (sequence_loss / lengths.clamp(min=1.0)).sum() / max(num_sequences, 1.0)
+def _seq_mean_token_mean(sequence_loss: Tensor, lengths: Tensor, totals: LossTotals) -> Tensor:
+    return (sequence_loss / lengths.clamp(min=1.0)).sum() / max(totals.num_sequences, 1.0)
 
 
 @AGGREGATIONS.register("seq_mean_token_sum", "1/N sum_i S_i")
-def _seq_mean_token_sum(
-    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
-) -> Tensor:
-    return sequence_loss.sum() / max(num_sequences, 1.0)
+def _seq_mean_token_sum(sequence_loss: Tensor, lengths: Tensor, totals: LossTotals) -> Tensor:
+    return sequence_loss.sum() / max(totals.num_sequences, 1.0)
 
 
 @AGGREGATIONS.register("seq_mean_token_sum_norm", "1/(N T_max) sum_i S_i")
-def _seq_mean_token_sum_norm(
-    sequence_loss: Tensor, lengths: Tensor, num_tokens: float, num_sequences: float, max_length: int
-) -> Tensor:
-    return sequence_loss.sum() / (max(num_sequences, 1.0) * max_length)
+def _seq_mean_token_sum_norm(sequence_loss: Tensor, lengths: Tensor, totals: LossTotals) -> Tensor:
+    return sequence_loss.sum() / (max(totals.num_sequences, 1.0) * totals.max_length)
 
 
 AGGREGATION_MODES: tuple[str, ...] = tuple(AGGREGATIONS)
@@ -183,4 +183,4 @@ def aggregate_loss(
     lengths = completion_mask.sum(dim=1)
     num_tokens = float(lengths.sum()) if total_tokens is None else total_tokens
     num_sequences = float(sequence_loss.shape[0]) if total_sequences is None else total_sequences
-    return aggregation(sequence_loss, lengths, num_tokens, num_sequences, max_completion_length or 1)
+    return aggregation(sequence_loss, lengths, LossTotals(num_tokens, num_sequences, max_completion_length or 1))
