@@ -180,7 +180,8 @@ def evaluate(
         settings = RolloutSettings(num_generations, DEMO_COMPLETION_LENGTH)
         sampled = generate_and_score(model, tokenizer, prompts, columns, rewards, settings, generator=generator)
         pass_k = sampled.rewards.scores.values[:, 0].view(-1, num_generations).amax(dim=1)
-    return Accuracy(float(correct.mean()), float(pass_k.mean()), float(teacher.mean()))
+    n = len(problems)
+    return Accuracy(float(correct.sum()) / n, float(pass_k.sum()) / n, float(teacher.sum()) / n)
 
 
 @dataclass(frozen=True)
