@@ -332,3 +332,11 @@ def test_resolve_rewards_rejects_bad_items() -> None:
         resolve_rewards([])
     with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward functions"):
         resolve_rewards([length, length], [None])
+
+
+def test_resolve_rewards_takes_builtin_names_in_the_trainer_api_too() -> None:
+    # one resolver: the names a run file uses work in RLOOTrainer(reward_funcs=...) as well
+    funcs = resolve_rewards(["accuracy", length])
+    assert reward_func_names(funcs) == ["accuracy", "length"]
+    with pytest.raises(ValueError, match="unknown reward `acuracy`; did you mean `accuracy`"):
+        resolve_rewards("acuracy")

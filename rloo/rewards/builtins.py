@@ -1,4 +1,5 @@
-"""Built-in reward functions, and the resolver the YAML CLI uses to name them.
+"""Built-in reward functions and :data:`BUILTIN_REWARDS`, the names a run file can use
+(resolved by :mod:`rloo.rewards.resolve`).
 
 Every reward function has TRL's signature: it is called with keyword arguments
 ``prompts``, ``completions``, ``completion_ids``, every dataset column by name and
@@ -16,7 +17,8 @@ Where we depart from TRL's ``trl.rewards``:
 - Factories (``format_reward(pattern)``, ``length_reward(...)``) build named functions, so
   the logged metric is ``rewards/format/mean`` rather than the name of a lambda.
 
-``import rloo.rewards.builtins`` stays light: transformers is loaded only by :func:`reward_model`.
+``import rloo.rewards.builtins`` stays light: transformers is loaded only when a reward model
+is built (:func:`rloo.rewards.reward_model.reward_model`).
 """
 
 from __future__ import annotations
