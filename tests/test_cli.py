@@ -262,8 +262,13 @@ def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> N
     for row in ("warm start", "+ RLOO", "control"):
         assert row in result.stdout
     summary = json.loads((output_dir / "demo_results.json").read_text())
-    assert {"warm start", "+ RLOO", "control: + SFT, same time"} <= summary["accuracy"].keys()
+    assert {"warm start", "+ RLOO", "control: + SFT, same steps"} <= summary["accuracy"].keys()
     assert (output_dir / "report.html").is_file()
+    # every budget is counted in steps, so a second run gives the same numbers (the control
+    # used to train for RLOO's wall time, so its accuracy moved with the machine's load)
+    twin = tmp_path / "twin"
+    assert succeeded(invoke("demo", *sizes, "--hidden-size", "32", "--warm-start-steps", "20", "--output-dir", twin))
+    assert json.loads((twin / "demo_results.json").read_text())["accuracy"] == summary["accuracy"]
 
     before = snapshot(output_dir)
     again = invoke("demo", *sizes, "--output-dir", output_dir)
@@ -274,13 +279,13 @@ def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> None:
-    """The real-size demo, in a fresh process as a user runs it (about 4 minutes on 2 CPU cores)."""
+    """The real-size demo, in a fresh process as a user runs it (about 1.5 minutes on 2 CPU cores)."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "rloo.cli", "demo", "--output-dir", str(tmp_path / "demo")]
+    command = [sys.executable, "-m", "rloo", "demo", "--output-dir", str(tmp_path / "demo")]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - start
     assert finished.returncode == 0, finished.stdout + finished.stderr
     accuracy = json.loads((tmp_path / "demo" / "demo_results.json").read_text())["accuracy"]
     gain = accuracy["+ RLOO"]["greedy"] - accuracy["warm start"]["greedy"]
     assert gain >= 0.15, accuracy
-    assert seconds < 300, f"the demo took {seconds:.0f} s"
+    assert seconds < 180, f"the demo took {seconds:.0f} s"
