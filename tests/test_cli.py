@@ -183,7 +183,9 @@ def test_resume_continues_and_a_rerun_without_it_is_refused(tmp_path: Path, file
 
     refused = invoke("train", path, "max_steps=3")
     assert refused.exit_code == 2
-    assert "already holds checkpoints" in flat(refused.stderr)
+    message = flat(refused.stderr)
+    assert "already holds an earlier run (checkpoint-1, checkpoint-2, final, config.yaml" in message
+    assert "--resume" in message and "overwrite_output_dir=True" in message and "Loading" not in message
     assert snapshot(run) == before
 
     assert succeeded(invoke("train", path, "max_steps=3", "--resume"))

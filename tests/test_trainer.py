@@ -212,7 +212,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 
 def test_existing_run_folder_is_not_overwritten(tmp_path: Path) -> None:
     trainer(tmp_path, max_steps=2, save_steps=1).train()
-    with pytest.raises(ValueError, match="already holds checkpoints"):
+    with pytest.raises(ValueError, match="already holds an earlier run"):
         trainer(tmp_path, max_steps=2).train()
     resumed = trainer(tmp_path, max_steps=3, save_steps=1)
     resumed.train(resume_from_checkpoint=True)
@@ -347,10 +347,21 @@ def test_callbacks_see_steps_logs_and_saves(tmp_path: Path) -> None:
     assert events == ["begin", "step1", "log", "step2", "log", "save:checkpoint-2", "end"]
 
 
-def test_a_fresh_run_keeps_the_logs_of_an_earlier_one(tmp_path: Path) -> None:
+def test_a_finished_run_without_checkpoints_is_never_overwritten(tmp_path: Path) -> None:
+    # before: a second run into the folder of a finished run that kept no checkpoint replaced
+    # its final/ model and config.yaml (only metrics.jsonl was set aside)
     trainer(tmp_path, max_steps=1).train()  # no checkpoint: save_steps is 1000
-    first = (tmp_path / "run" / "metrics.jsonl").read_text()
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    with pytest.raises(ValueError, match=r"earlier run \(final, config.yaml, metrics.jsonl.*overwrite_output_dir=True"):
+        trainer(tmp_path, max_steps=1, learning_rate=0.5).train()
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+def test_overwrite_output_dir_replaces_a_run_and_keeps_its_logs(tmp_path: Path) -> None:
     trainer(tmp_path, max_steps=1).train()
+    first = (tmp_path / "run" / "metrics.jsonl").read_text()
+    trainer(tmp_path, max_steps=1, overwrite_output_dir=True).train()
     kept = list((tmp_path / "run").glob("metrics.before-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == first
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1

@@ -40,6 +40,12 @@ class RLOOConfig:
     output_dir: str = option(
         "runs/rloo", "Run folder: checkpoint-STEP/, config.yaml, metrics.jsonl, the final model.", trl="output_dir"
     )
+    overwrite_output_dir: bool = option(
+        False,
+        "Allow a fresh run into an output_dir holding an earlier run (its logs are kept renamed, the rest "
+        "replaced), or a resume behind newer checkpoints (they are deleted). False refuses, changing nothing.",
+        trl="overwrite_output_dir",
+    )
     seed: int = option(42, "Seed of the model init, the prompt order and sampling (eval: seed + 1).", trl="seed")
     preset: str = option(
         "trl",

@@ -25,10 +25,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rloo.training.models import is_peft_model
+from rloo.training.state_files import load_state, save_state
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
-TRAINING_FILE = "training_state.pt"
+TRAINING_STATE = "training_state"  # .json + .safetensors, see rloo.training.state_files
+LEGACY_TRAINING_FILE = "training_state.pt"
 
 
 @contextlib.contextmanager
@@ -110,7 +112,8 @@ def save_checkpoint(
     """Write ``checkpoint-<step>`` atomically; returns its path.
 
     ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model);
-    ``training_state`` (optimizer, scheduler, RNG states) goes to one torch file.
+    ``training_state`` (optimizer, scheduler, RNG states) goes to JSON + safetensors, which
+    loading never executes (:mod:`rloo.training.state_files`).
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / f"checkpoint-{step}"
@@ -119,7 +122,7 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     save_pretrained_quietly(model, tmp)
     save_pretrained_quietly(tokenizer, tmp)
-    torch.save(training_state, tmp / TRAINING_FILE)
+    save_state(training_state, tmp, TRAINING_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
     old = output_dir / f"old-checkpoint-{step}"
@@ -158,15 +161,6 @@ def rotate_checkpoints(output_dir: Path, save_total_limit: int | None) -> None:
         shutil.rmtree(path)
 
 
-def refuse_to_overwrite(output_dir: Path) -> None:
-    """A fresh run never writes into a folder holding another run's checkpoints."""
-    if latest_checkpoint(output_dir) is not None:
-        raise ValueError(
-            f"output_dir {str(output_dir)!r} already holds checkpoints of an earlier run; pass "
-            "resume_from_checkpoint=True to continue it, or choose a new output_dir (nothing was changed)"
-        )
-
-
 def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
     """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -178,12 +172,20 @@ def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: P
                 f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
                 "train without resuming, or pass the checkpoint folder explicitly"
             )
-        return path
+        return resolve_resume_path(str(path), output_dir)
     path = Path(resume_from_checkpoint)
-    if not (path / STATE_FILE).is_file() or not (path / TRAINING_FILE).is_file():
+    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
+    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / needed[1]).is_file():
         raise ValueError(
-            f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint "
-            f"(needs {STATE_FILE} and {TRAINING_FILE}); pick a checkpoint-<step> folder"
+            f"{path} was written by an older rloo: its training state is a pickle ({LEGACY_TRAINING_FILE}), "
+            "which is not loaded because unpickling can run code. Start a new run from its weights "
+            "(model=that folder) instead of resuming"
+        )
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint (missing {', '.join(missing)}); "
+            "pick a checkpoint-<step> folder"
         )
     return path
 
@@ -191,8 +193,7 @@ def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: P
 def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(trainer_state, training_state)`` of a checkpoint folder."""
     trainer_state = json.loads((path / STATE_FILE).read_text())
-    training_state = torch.load(path / TRAINING_FILE, weights_only=False)
-    return trainer_state, training_state
+    return trainer_state, load_state(path, TRAINING_STATE)
 
 
 def load_model_weights(model: nn.Module, folder: Path) -> None:
@@ -207,9 +208,9 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
 
         set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
         return
-    shards = sorted(folder.glob("*.safetensors"))
+    shards = sorted(folder.glob("model*.safetensors"))  # not the training state's tensors
     if not shards:
-        raise ValueError(f"no *.safetensors weights in {folder}")
+        raise ValueError(f"no model*.safetensors weights in {folder}")
     state = {}
     for shard in shards:
         state.update(load_file(str(shard)))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -111,18 +110,6 @@ def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
         method = getattr(callback, event, None)
         if method is not None:
             method(*args)
-
-
-def set_aside_old_logs(output_dir: Path, console: Any) -> None:
-    """A fresh run into a folder with logs of an earlier run (that never checkpointed)
-    renames them instead of appending to or overwriting them."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in ("metrics.jsonl", "completions.jsonl", "warnings.log"):
-        path = output_dir / name
-        if path.exists():
-            kept = path.with_name(f"{path.stem}.before-{stamp}{path.suffix}")
-            path.rename(kept)
-            console.print(f"kept the earlier run's {name} as {kept.name}")
 
 
 class RunWarnings:

@@ -61,13 +61,13 @@ from rloo.training.models import (
 from rloo.training.optimization import build_optimizer, total_steps, zero_grads_if_none
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, pass_loss
 from rloo.training.progress import StopRequest, TrainingProgress
+from rloo.training.run_folder import keep_completions_until, prepare_fresh_run, prepare_resume
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
     TrainerState,
     mean_metrics,
     run_callbacks,
-    set_aside_old_logs,
 )
 
 
@@ -151,12 +151,14 @@ class RLOOTrainer:
         """Train until ``max_steps``; ``resume_from_checkpoint``: True (latest) or a folder."""
         resume_path = checkpoints.resolve_resume_path(resume_from_checkpoint, self.output_dir)
         if resume_path is None:
-            checkpoints.refuse_to_overwrite(self.output_dir)
-            set_aside_old_logs(self.output_dir, self.console)
+            prepare_fresh_run(self.output_dir, self.args.overwrite_output_dir, self.console)
+        else:
+            prepare_resume(self.output_dir, resume_path, self.args.overwrite_output_dir, self.console)
         self.sink = MetricsSink(self.output_dir, self.args.report_to, self.args.to_dict())
         if resume_path is not None:
             self._load_checkpoint(resume_path)
             self.sink.rewrite(self.state.log_history)
+            keep_completions_until(self.output_dir, self.state.global_step)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.yaml").write_text(self._config_yaml())
         self._announce()

@@ -1,0 +1,97 @@
+"""What a run may do to its ``output_dir``: never delete or overwrite what it did not write.
+
+- A fresh run refuses a folder that holds an earlier run's files (its checkpoints, ``final/``,
+  ``config.yaml``, logs or report) unless ``overwrite_output_dir=True``; with it, the earlier
+  logs are kept under another name and the rest is replaced.
+- Resuming from a checkpoint older than the newest one in the folder would overwrite the
+  newer ones (and a later ``resume_from_checkpoint=True`` would pick them): refused unless
+  ``overwrite_output_dir=True``, which removes them first, saying so.
+
+``overwrite_output_dir`` is the explicit opt-in, as in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from rloo.training.checkpoints import CHECKPOINT_PATTERN, list_checkpoints
+
+RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
+LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log")
+
+
+def earlier_run_files(output_dir: Path) -> list[str]:
+    """Names in ``output_dir`` that an earlier run wrote (checkpoints first)."""
+    if not output_dir.is_dir():
+        return []
+    found = [path.name for path in list_checkpoints(output_dir)]
+    return found + [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def check_fresh_run(output_dir: Path, overwrite: bool) -> None:
+    """Raise ``ValueError`` if a fresh run may not start in ``output_dir`` (cheap: no model needed)."""
+    found = earlier_run_files(output_dir)
+    if found and not overwrite:
+        resume = (
+            "pass resume_from_checkpoint=True (rloo train ... --resume) to continue it, "
+            if any(CHECKPOINT_PATTERN.match(name) for name in found)
+            else ""
+        )
+        raise ValueError(
+            f"output_dir {str(output_dir)!r} already holds an earlier run ({', '.join(found[:6])}); "
+            f"{resume}choose a new output_dir, or set overwrite_output_dir=True to replace it (nothing was changed)"
+        )
+
+
+def prepare_fresh_run(output_dir: Path, overwrite: bool, console: Any) -> None:
+    """Refuse a folder holding an earlier run, or (``overwrite``) set its logs aside."""
+    check_fresh_run(output_dir, overwrite)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in LOG_FILES:
+        path = output_dir / name
+        if path.exists():
+            kept = path.with_name(f"{path.stem}.before-{stamp}{path.suffix}")
+            path.rename(kept)
+            console.print(f"kept the earlier run's {name} as {kept.name}")
+
+
+def prepare_resume(output_dir: Path, checkpoint: Path, overwrite: bool, console: Any) -> None:
+    """Refuse to resume behind newer checkpoints of ``output_dir`` (or remove them, with ``overwrite``)."""
+    step = _step(checkpoint)
+    newer = [path for path in list_checkpoints(output_dir) if step is not None and (_step(path) or 0) > step]
+    if newer and not overwrite:
+        names = ", ".join(path.name for path in newer)
+        raise ValueError(
+            f"{output_dir} holds checkpoints newer than {checkpoint.name} ({names}); resuming from it would "
+            "overwrite them. Resume from the newest (resume_from_checkpoint=True), move them away, or set "
+            "overwrite_output_dir=True to delete them (nothing was changed)"
+        )
+    for path in newer:
+        shutil.rmtree(path)
+        console.print(f"removed {path.name}, newer than {checkpoint.name} (overwrite_output_dir=True)")
+
+
+def keep_completions_until(output_dir: Path, step: int) -> None:
+    """After a resume to ``step``, drop the completions logged by the abandoned later steps
+    (they are logged again as the run replays them)."""
+    path = output_dir / "completions.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a half-written last line of the interrupted run
+        if isinstance(row_step, int | float) and row_step < step:
+            kept.append(line)
+    path.write_text("".join(kept))
+
+
+def _step(path: Path) -> int | None:
+    match = CHECKPOINT_PATTERN.match(path.name)
+    return int(match.group(1)) if match else None
