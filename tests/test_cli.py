@@ -235,6 +235,34 @@ def test_eval_combines_rewards_with_the_run_files_weights(tmp_path: Path, files:
     assert mismatched.exit_code == 2 and "1 --reward-weight values for 2 rewards" in flat(mismatched.stderr)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--batch-size", "0"], "--batch-size=0 is invalid: it must be >= 1"),
+        (["--max-completion-length", "0"], "--max-completion-length=0 is invalid: it must be >= 1"),
+        (["--temperature", "-1"], "--temperature=-1.0 is invalid: it must be finite and >= 0 (0 is greedy)"),
+        (["--column", "question"], "--column 'question' is invalid: write old=new"),
+    ],
+)
+def test_eval_options_are_checked_with_a_message(files: dict[str, Path], options: list[str], message: str) -> None:
+    # before: a raw traceback (ZeroDivisionError, dict update error) or an empty run
+    result = invoke("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "accuracy", *options)
+    assert result.exit_code == 2 and message in flat(result.stderr)
+
+
+def test_eval_at_temperature_zero_is_greedy(tmp_path: Path, files: dict[str, Path]) -> None:
+    output = tmp_path / "eval.json"
+    result = invoke(
+        "eval",
+        *("--model", files["model"], "--dataset", files["data"], "--split", "train", "--limit", "4"),
+        *("--reward", "tests.helpers.models:token_id_sum", "--temperature", "0", "--max-completion-length", "4"),
+        *("--output", output),
+    )
+    assert succeeded(result)
+    scores = json.loads(output.read_text())
+    assert scores["sampled_mean_reward"] == scores["greedy_mean_reward"]  # every sample is the greedy one
+
+
 def test_eval_of_a_missing_reward_exits_2(files: dict[str, Path]) -> None:
     result = invoke("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "acuracy")
     assert result.exit_code == 2

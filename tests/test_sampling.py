@@ -274,3 +274,17 @@ def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch: pytest.Mo
     draws = sample_categorical(probs[:1].expand(20000, -1), gen)
     share = (draws == 3).float().mean().item()
     assert abs(share - 0.7) < 0.02  # 6 standard errors of a 20k-draw binomial
+
+
+def test_temperature_zero_is_greedy_everywhere() -> None:
+    # before: temperature 0 divided the logits by zero and sampled the last vocabulary id
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.2, 2.9]])
+    history = torch.tensor([[1], [2]])
+    tokens, logprobs = sample_next_token(logits, history, SamplingParams(temperature=0.0), None)
+    assert tokens.tolist() == [1, 0]
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, dim=-1)[[0, 1], [1, 0]])
+    # with a repetition penalty the penalized argmax wins, as transformers' greedy search
+    penalized, _ = sample_next_token(
+        logits, torch.tensor([[1], [0]]), SamplingParams(0.0, repetition_penalty=10.0), None
+    )
+    assert penalized.tolist() == [3, 3]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rloo import RLOOTrainer
-from rloo.tiny import build_char_tokenizer, save_tiny_model
+from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
 from tests.helpers.models import (
     CHARS,
     config,
@@ -365,3 +365,14 @@ def test_overwrite_output_dir_replaces_a_run_and_keeps_its_logs(tmp_path: Path) 
     kept = list((tmp_path / "run").glob("metrics.before-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == first
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_prompts_past_the_models_positions_are_warned_about(tmp_path: Path) -> None:
+    # before: prompts longer than max_position_embeddings trained with no warning
+    tok = make_tokenizer()
+    model = build_tiny_llama(len(tok), tokenizer=tok, max_positions=8)
+    t = RLOOTrainer(model, frac7, config(tmp_path, max_steps=1), dataset(), processing_class=tok)
+    t.train()
+    log = (tmp_path / "run" / "warnings.log").read_text()
+    assert "past the model's max_position_embeddings (8)" in log and "lower max_prompt_length" in log
+    assert t.state.log_history[-1]["prompts/max_length"] == 4.0  # "1+2=": 4 characters

@@ -45,16 +45,25 @@ def train(
     except ValueError as err:
         raise _fail(str(err)) from None
     from rloo.cli.run_file import train_from_run_file
+    from rloo.training.checkpoints import latest_checkpoint
+    from rloo.training.guards import NonFiniteTrainingError
+    from rloo.training.progress import TrainingInterrupted
 
     try:
         train_from_run_file(run_file, resume=resume, console=errors)
     except ValueError as err:
         raise _fail(str(err)) from None
-    except KeyboardInterrupt:
-        errors.print(
-            f"stopped. Resume with: rloo train {config} {' '.join(overrides or [])} --resume".rstrip(), highlight=False
-        )
-        raise typer.Exit(130) from None
+    except NonFiniteTrainingError as err:
+        raise _fail(str(err), code=3) from None
+    except KeyboardInterrupt as stop:
+        # exit 128 + the signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); resume only from a checkpoint
+        code = stop.exit_code if isinstance(stop, TrainingInterrupted) else 130
+        if latest_checkpoint(Path(run_file.config.output_dir)) is None:
+            errors.print("stopped before any checkpoint was written: nothing to resume from", highlight=False)
+        else:
+            command = f"rloo train {config} {' '.join(overrides or [])} --resume".rstrip()
+            errors.print(f"stopped. Resume with: {command}", highlight=False)
+        raise typer.Exit(code) from None
 
 
 @app.command("eval")
@@ -88,7 +97,7 @@ def evaluate(
             run_file,
             dataset=dataset,
             split=split,
-            columns=dict(c.split("=", 1) for c in column or []) or None,
+            columns=_column_renames(column or []),
             limit=limit,
             rewards=reward or None,
             weights=reward_weight or None,
@@ -115,6 +124,14 @@ def evaluate(
     console.print_json(json.dumps(result))
     if output is not None:
         output.write_text(json.dumps(result, indent=1))
+
+
+def _column_renames(items: list[str]) -> dict[str, str] | None:
+    """``--column old=new`` options as a mapping; one without ``=`` is an error naming it."""
+    bad = [item for item in items if "=" not in item or item.startswith("=") or item.endswith("=")]
+    if bad:
+        raise ValueError(f"--column {bad[0]!r} is invalid: write old=new, e.g. --column question=prompt")
+    return dict(item.split("=", 1) for item in items) or None
 
 
 @app.command()

@@ -7,6 +7,7 @@ reports the rewards ``rloo train`` logged for it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,22 @@ class EvalSettings:
     seed: int = 0
     max_prompt_length: int | None = None
 
+    def __post_init__(self) -> None:
+        checks = [
+            ("--num-generations", self.num_generations, self.num_generations >= 1, ">= 1"),
+            ("--max-completion-length", self.max_completion_length, self.max_completion_length >= 1, ">= 1"),
+            ("--batch-size", self.batch_size, self.batch_size >= 1, ">= 1 (prompts generated at once)"),
+            (
+                "--temperature",
+                self.temperature,
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "finite and >= 0 (0 is greedy)",
+            ),
+        ]
+        for option, value, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"{option}={value} is invalid: it must be {rule}")
+
 
 def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: EvalSettings) -> dict[str, Any]:
     """Load a model (folder, checkpoint or hub id) and score its completions on ``data``.
@@ -41,8 +58,6 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     from rloo.data.prompts import gather_columns
     from rloo.training.models import load_policy, load_tokenizer
 
-    if settings.num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {settings.num_generations}")
     policy: Any = load_policy(model, None)
     policy.to("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(model, None)

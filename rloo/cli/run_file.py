@@ -280,13 +280,19 @@ def eval_inputs(
         raise ValueError(f"got {len(weights)} --reward-weight values for {len(specs)} rewards; give one per reward")
     config = run.config if run is not None else None
     settings = EvalSettings(
-        num_generations=num_generations or (config.num_generations if config else EvalSettings.num_generations),
-        max_completion_length=max_completion_length
-        or (config.max_completion_length if config else EvalSettings.max_completion_length),
-        temperature=temperature or (config.temperature if config else EvalSettings.temperature),
+        num_generations=_first(num_generations, config and config.num_generations, EvalSettings.num_generations),
+        max_completion_length=_first(
+            max_completion_length, config and config.max_completion_length, EvalSettings.max_completion_length
+        ),
+        temperature=_first(temperature, config and config.temperature, EvalSettings.temperature),
         success_threshold=success_threshold,
         batch_size=batch_size,
         seed=seed,
         max_prompt_length=config.max_prompt_length if config else None,
     )
     return source.load(), RewardFunctions(resolve_rewards(specs), weights), settings
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 and 0.0 count: ``--temperature 0`` is greedy)."""
+    return next(value for value in values if value is not None)

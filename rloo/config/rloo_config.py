@@ -208,6 +208,12 @@ class RLOOConfig:
     max_grad_norm: float = option(
         1.0, "Clip the global gradient norm to this, >= 0; 0 disables clipping.", trl="max_grad_norm"
     )
+    max_nonfinite_steps: int = option(
+        3,
+        "An optimizer step whose loss or gradient is NaN/inf is skipped (no update), counted in "
+        "train/nonfinite_steps and warned; after this many in a row training stops, keeping its checkpoints.",
+        trl=None,
+    )
     weight_decay: float = option(0.0, "AdamW decoupled weight decay, >= 0.", trl="weight_decay")
     adam_beta1: float = option(0.9, "AdamW beta1 (decay of the gradient mean), in [0, 1).", trl="adam_beta1")
     adam_beta2: float = option(0.999, "AdamW beta2 (decay of the squared gradient), in [0, 1).", trl="adam_beta2")

@@ -6,6 +6,7 @@ field, the value, and what to set instead (``tests/test_config.py`` has a case p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,26 @@ def fail(name: str, value: Any, fix: str) -> ValueError:
 
 def validate(config: RLOOConfig) -> None:
     """Run every check; the first failure raises."""
-    for check in (_check_generation, _check_algorithm, _check_optimization, _check_batches, _check_logging):
+    checks = (
+        _check_finite,
+        _check_generation,
+        _check_algorithm,
+        _check_clip_range,
+        _check_optimization,
+        _check_batches,
+        _check_logging,
+    )
+    for check in checks:
         check(config)
+
+
+def _check_finite(config: RLOOConfig) -> None:
+    """NaN and infinity are never a setting: every float (and float in a list) must be finite."""
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name) if item.init else None
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise fail(item.name, value, "must be finite (NaN and infinity are not settings); see its documentation")
 
 
 def _check_generation(config: RLOOConfig) -> None:
@@ -68,12 +87,6 @@ def _check_algorithm(config: RLOOConfig) -> None:
             raise fail(name, value, f"choose one of {list(valid)}")
     if spec.beta < 0 or not math.isfinite(spec.beta):
         raise fail("beta", spec.beta, "the KL coefficient must be a finite number >= 0 (0 disables the KL)")
-    if not spec.epsilon > 0:
-        raise fail("epsilon", spec.epsilon, "the clip range must be > 0 (0.2 is typical)")
-    if not spec.epsilon_high > 0:
-        raise fail("epsilon_high", spec.epsilon_high, "must be > 0 (DAPO uses 0.28), or unset to equal epsilon")
-    if spec.epsilon >= 1:
-        raise fail("epsilon", spec.epsilon, "must be < 1 so that 1 - epsilon stays positive")
     if config.num_iterations < 1:
         raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
     if not config.max_logits_memory_mb > 0:
@@ -85,6 +98,22 @@ def _check_algorithm(config: RLOOConfig) -> None:
         raise fail("reward_clip_range", config.reward_clip_range, "give (min, max) with min <= max")
     if config.reward_weights is not None and len(config.reward_weights) == 0:
         raise fail("reward_weights", config.reward_weights, "give one weight per reward function, or None")
+
+
+def _check_clip_range(config: RLOOConfig) -> None:
+    spec = config.algorithm
+    if not spec.epsilon > 0:
+        raise fail("epsilon", spec.epsilon, "the clip range must be > 0 (0.2 is typical)")
+    if not spec.epsilon_high > 0:
+        raise fail("epsilon_high", spec.epsilon_high, "must be > 0 (DAPO uses 0.28), or unset to equal epsilon")
+    if spec.epsilon >= 1:
+        raise fail("epsilon", spec.epsilon, "must be < 1 so that 1 - epsilon stays positive")
+    if spec.clip_ratio and spec.epsilon_high < spec.epsilon:
+        raise fail(
+            "epsilon_high",
+            spec.epsilon_high,
+            f"must be >= epsilon ({spec.epsilon}): clip-higher widens the upper side (DAPO: 0.28 with 0.2)",
+        )
 
 
 def _check_optimization(config: RLOOConfig) -> None:
@@ -102,6 +131,8 @@ def _check_optimization(config: RLOOConfig) -> None:
         raise fail("weight_decay", config.weight_decay, "must be >= 0")
     if config.max_steps == 0 or config.max_steps < -1:
         raise fail("max_steps", config.max_steps, "must be >= 1, or -1 to train for num_train_epochs")
+    if config.max_nonfinite_steps < 1:
+        raise fail("max_nonfinite_steps", config.max_nonfinite_steps, "must be >= 1 (steps skipped in a row)")
     if config.max_steps == -1 and not config.num_train_epochs > 0:
         raise fail("num_train_epochs", config.num_train_epochs, "must be > 0 when max_steps is -1")
 

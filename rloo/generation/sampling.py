@@ -92,8 +92,15 @@ def sample_next_token(
 
     Returns:
         ``(tokens (B,), logprobs (B,))`` with ``logprobs = log_softmax(logits / T)[token]``.
+
+    ``temperature == 0`` is greedy decoding (the penalized argmax, as transformers'
+    ``do_sample=False``), with ``log_softmax(logits)`` as the log-prob: never a division by 0.
     """
     logits = logits.float()
+    if params.temperature == 0:
+        penalized = apply_repetition_penalty(logits, history, params.repetition_penalty)
+        tokens = penalized.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     scaled = logits / params.temperature if params.temperature != 1.0 else logits
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
     plain = params.repetition_penalty == 1.0 and params.top_k <= 0 and params.top_p >= 1.0 and not params.min_p

@@ -63,13 +63,23 @@ def generation_metrics(
     metrics.update(advantage_metrics(advantages, combined.scorable))
     metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, group_ids, combined.scorable)
     metrics["prompts/truncated"] = float(scored.num_truncated_prompts)
+    metrics["prompts/max_length"] = float(scored.rollout.prompt_mask.sum(dim=1).max())
     metrics["timing/generate"], metrics["timing/score"] = scored.generate_seconds, scored.score_seconds
     return metrics
 
 
-def batch_warnings(metrics: dict[str, float], names: list[str], max_prompt_length: int | None) -> list[str]:
-    """What a generation batch's metrics show that the user should hear about."""
+def batch_warnings(
+    metrics: dict[str, float], names: list[str], max_prompt_length: int | None, position_limit: int | None
+) -> list[str]:
+    """What a generation batch's metrics show that the user should hear about. ``position_limit``:
+    the model's ``max_position_embeddings`` (None: unknown)."""
     messages = []
+    longest = metrics["prompts/max_length"] + metrics["completions/max_length"]
+    if position_limit is not None and longest > position_limit:
+        messages.append(
+            f"prompt + completion reach {longest:.0f} tokens, past the model's max_position_embeddings "
+            f"({position_limit}): positions beyond it are untrained; lower max_prompt_length or max_completion_length"
+        )
     if metrics["rewards/unscorable"]:
         messages.append("some completions got None from every reward function: they are left out of the baselines")
     if metrics["prompts/truncated"]:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.algo.stats import masked_mean
+from rloo.config.presets import AlgorithmSpec
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout
 from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
@@ -55,6 +56,21 @@ def no_grad_logprobs(
             ).logprobs
         out[rows, : lp.shape[1]] = lp.float()
     return out * rollout.completion_mask
+
+
+def objective_settings(spec: AlgorithmSpec, kl_coef: float, max_completion_length: int) -> dict[str, Any]:
+    """The scalars of :func:`rloo.algo.objective.policy_objective` that are fixed for a run
+    (``kl_coef``: beta when the KL is placed in the loss, else 0)."""
+    eps_low, eps_high = spec.clip_range
+    return {
+        "ratio_level": spec.ratio_level,
+        "eps_low": eps_low,
+        "eps_high": eps_high,
+        "aggregation": spec.loss_aggregation,
+        "max_completion_length": max_completion_length,
+        "kl_estimator": spec.kl_estimator,
+        "kl_coef": kl_coef,
+    }
 
 
 def pass_loss(

@@ -43,6 +43,7 @@ from rloo.rewards.calling import RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows, plan_passes, take_rows, trainable_rows
+from rloo.training.guards import SKIPPED_STEP, NonFiniteGuard, require_finite_weights
 from rloo.training.metrics import (
     batch_warnings,
     eval_metrics,
@@ -59,8 +60,8 @@ from rloo.training.models import (
     resolve_mixed_precision,
 )
 from rloo.training.optimization import build_optimizer, total_steps, zero_grads_if_none
-from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, pass_loss
-from rloo.training.progress import StopRequest, TrainingProgress
+from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings, pass_loss
+from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
 from rloo.training.run_folder import keep_completions_until, prepare_fresh_run, prepare_resume
 from rloo.training.tracking import (
     MetricsSink,
@@ -90,17 +91,7 @@ class RLOOTrainer:
         self.args = args = args if args is not None else RLOOConfig()
         self.spec = args.algorithm
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
-        eps_low, eps_high = self.spec.clip_range
-        # the objective's scalars (rloo.algo.objective.policy_objective), fixed for the run
-        self._objective = {
-            "ratio_level": self.spec.ratio_level,
-            "eps_low": eps_low,
-            "eps_high": eps_high,
-            "aggregation": self.spec.loss_aggregation,
-            "max_completion_length": args.max_completion_length,
-            "kl_estimator": self.spec.kl_estimator,
-            "kl_coef": self.loss_beta,
-        }
+        self._objective = objective_settings(self.spec, self.loss_beta, args.max_completion_length)
         set_seed(args.seed)
         self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16))
         self.console = Console(stderr=True)
@@ -141,6 +132,7 @@ class RLOOTrainer:
         self._window: list[dict[str, float]] = []
         self._warnings = RunWarnings(self.output_dir, self.console)
         self._stop = StopRequest()
+        self._nonfinite = NonFiniteGuard(args.max_nonfinite_steps)
 
     @property
     def unwrapped_model(self) -> Any:
@@ -171,13 +163,13 @@ class RLOOTrainer:
                     self._update(batch)  # phase 5
         finally:
             self.sink.close()
-        if self._stop.requested:
+        if self._stop.signum is not None:
             path = self._save_checkpoint()
             self.console.print(
                 f"interrupted at step {self.state.global_step}: checkpoint saved to {path}. Resume with "
                 "trainer.train(resume_from_checkpoint=True) or `rloo train CONFIG --resume`."
             )
-            raise KeyboardInterrupt
+            raise TrainingInterrupted(self._stop.signum, path)
         self.save_model(str(self.output_dir / "final"))
         run_callbacks(self.callbacks, "on_train_end", self)
         return self.state
@@ -220,7 +212,8 @@ class RLOOTrainer:
             advantages = normalize_advantages(advantages, scorable)
 
         metrics = generation_metrics(scored, rewards, advantages, self.rewards.names)
-        for message in batch_warnings(metrics, self.rewards.names, args.max_prompt_length):
+        limit = getattr(self.unwrapped_model.config, "max_position_embeddings", None)
+        for message in batch_warnings(metrics, self.rewards.names, args.max_prompt_length, limit):
             self.warn(message)
         if per_token_kl is not None:
             metrics["kl"] = float(masked_mean(per_token_kl, loss_mask))
@@ -264,7 +257,9 @@ class RLOOTrainer:
         accumulation = args.gradient_accumulation_steps
         for _ in range(args.num_iterations):
             for start in range(0, len(rows), accumulation):
-                if self.state.global_step >= self.state.max_steps or self._stop.requested:
+                # a stop request is honoured between generation batches (the loop in train()), so
+                # the checkpoint it writes resumes exactly
+                if self.state.global_step >= self.state.max_steps:
                     return
                 step_start = time.perf_counter()
                 step_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
@@ -299,13 +294,18 @@ class RLOOTrainer:
             results.append(result)
         zero_grads_if_none(self.model)
         max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.optimizer.step()
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+        losses = [r.loss_value for r in results]
+        if self._nonfinite.step_is_finite(losses, grad_norm, self.state.global_step + 1):
+            self.optimizer.step()
+        else:
+            self.warn(SKIPPED_STEP)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = update_metrics(results)
+        metrics["train/nonfinite_steps"] = float(self._nonfinite.total)
         metrics["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
-        metrics["grad_norm"] = float(grad_norm)
+        metrics["grad_norm"] = grad_norm
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
         return metrics
 
@@ -349,6 +349,7 @@ class RLOOTrainer:
         self._warnings.warn(message, self.state.global_step)
 
     def _save_checkpoint(self) -> Path:
+        require_finite_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         path = checkpoints.save_checkpoint(
             self.output_dir,
             self.state.global_step,
@@ -390,6 +391,7 @@ class RLOOTrainer:
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
         path = Path(output_dir or self.args.output_dir)
+        require_finite_weights(self.unwrapped_model, str(path))
         checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
         checkpoints.save_pretrained_quietly(self.processing_class, path)
         return path

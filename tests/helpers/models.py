@@ -94,3 +94,24 @@ def peaked_tiny_llama(tokenizer: Any) -> Any:
             if p.dim() == 2:  # embedding (tied with lm_head) and projections; norms keep their ones
                 p.normal_(0.0, 1.0 if "embed" in name else 0.3, generator=g)
     return model
+
+
+def signal_after(calls: int, signum: int = 15) -> Any:
+    """A reward factory: the reward function sends ``signum`` (default SIGTERM) to this process on
+    its ``calls``-th call, as a scheduler would, and otherwise scores every completion 0."""
+    import os
+
+    seen = {"calls": 0}
+
+    def signal_sender(completions: list[Any], **kwargs: Any) -> list[float]:
+        seen["calls"] += 1
+        if seen["calls"] == calls:
+            os.kill(os.getpid(), signum)
+        return [0.0] * len(completions)
+
+    return signal_sender
+
+
+def token_id_sum(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """The sum of a completion's token ids: equal rewards mean (almost surely) equal completions."""
+    return [float(sum(ids)) for ids in completion_ids]
