@@ -191,6 +191,12 @@ def test_resume_continues_and_a_rerun_without_it_is_refused(tmp_path: Path, file
     assert succeeded(invoke("train", path, "max_steps=3", "--resume"))
     assert metrics_steps(run)[-1] == 3
     assert (run / "checkpoint-3").is_dir()
+    # an older checkpoint by name; the newer ones are only replaced with the explicit opt-in
+    behind = invoke("train", path, "max_steps=3", "--resume-from", "checkpoint-1")
+    assert behind.exit_code == 2 and "newer than checkpoint-1 (checkpoint-2, checkpoint-3)" in flat(behind.stderr)
+    assert succeeded(invoke("train", path, "max_steps=3", "overwrite_output_dir=true", "--resume-from", "checkpoint-1"))
+    missing = invoke("train", path, "--resume-from", "checkpoint-9")
+    assert missing.exit_code == 2 and "--resume-from 'checkpoint-9': no such checkpoint folder" in flat(missing.stderr)
 
 
 # ---------------------------------------------------------------------------- eval

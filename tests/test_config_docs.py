@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rloo.config import RLOOConfig
-from rloo.config.rloo_config import fields_markdown
+from rloo.config.docs import fields_markdown
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- config-fields:start -->", "<!-- config-fields:end -->"

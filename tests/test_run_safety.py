@@ -94,6 +94,34 @@ def test_a_checkpoint_cannot_run_code_on_resume(tmp_path: Path) -> None:
     # a tampered JSON is data, never code: it fails cleanly, naming the checkpoint
     (checkpoint / "training_state.json").write_text(json.dumps({"s:optimizer": {"__tensor__": "missing"}}))
     (checkpoint / "training_state.safetensors").write_bytes(b"not safetensors")
-    with pytest.raises(ValueError, match=r"training state in .*checkpoint-1 is unreadable"):
+    with pytest.raises(ValueError, match=r"checkpoint-1 is damaged: .*training_state.* does not match its checksum"):
         trainer(tmp_path, max_steps=2).train(resume_from_checkpoint=str(checkpoint))
+    with pytest.raises(ValueError, match=r"training state in .*checkpoint-1 is unreadable"):
+        load_state(checkpoint, "training_state")  # past the manifest, parsing still fails cleanly
     assert not marker.exists()
+
+
+def test_a_damaged_checkpoint_is_named_and_the_newest_good_one_offered(tmp_path: Path) -> None:
+    # before: an edited or truncated checkpoint failed with a raw error, or resumed from bad data
+    trainer(tmp_path, max_steps=2, save_steps=1).train()
+    run = tmp_path / "run"
+    weights = run / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"checkpoint-2 is damaged: model.safetensors does not match its checksum"):
+        trainer(tmp_path, max_steps=3, save_steps=1).train(resume_from_checkpoint=True)
+    with pytest.raises(ValueError, match=r"the newest good checkpoint is .*checkpoint-1: resume from it"):
+        trainer(tmp_path, max_steps=3, save_steps=1).train(resume_from_checkpoint=True)
+    (run / "checkpoint-1" / "config.yaml").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint-1 is damaged: config.yaml is missing"):
+        trainer(tmp_path, max_steps=3).train(resume_from_checkpoint=str(run / "checkpoint-1"))
+
+
+def test_resuming_with_another_batch_shape_is_refused(tmp_path: Path) -> None:
+    # before: a changed num_generations silently continued the run with other batches
+    trainer(tmp_path, max_steps=2, save_steps=2).train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    with pytest.raises(ValueError, match=r"trained with num_generations=4, this run has num_generations=2"):
+        trainer(tmp_path, max_steps=3, num_generations=2).train(resume_from_checkpoint=str(checkpoint))
+    with pytest.raises(ValueError, match=r"trained with seed=0, this run has seed=1"):
+        trainer(tmp_path, max_steps=3, seed=1).train(resume_from_checkpoint=True)
+    trainer(tmp_path, max_steps=3, learning_rate=0.5).train(resume_from_checkpoint=True)  # not batch-shaping

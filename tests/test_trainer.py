@@ -197,13 +197,20 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tmp_path: Path) -> 
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
-    straight = trainer(tmp_path / "straight", max_steps=6, save_steps=3, beta=0.05)
+@pytest.mark.parametrize(
+    ("overrides", "first_checkpoint"),
+    [({}, 3), ({"num_iterations": 2}, 4), ({"steps_per_generation": 2}, 4)],
+    ids=["one-step-per-batch", "num_iterations-2", "steps_per_generation-2"],
+)
+def test_resume_continues_exactly(tmp_path: Path, overrides: dict[str, int], first_checkpoint: int) -> None:
+    # before: with two optimizer steps per generation batch, checkpoint-3 fell inside a batch and
+    # a resume from it lost the rest of that batch; checkpoints now wait for the batch boundary
+    straight = trainer(tmp_path / "straight", max_steps=6, save_steps=3, beta=0.05, **overrides)
     straight.train()
-    checkpoint = tmp_path / "straight" / "run" / "checkpoint-3"
+    checkpoint = tmp_path / "straight" / "run" / f"checkpoint-{first_checkpoint}"
     assert checkpoint.is_dir()
 
-    resumed = trainer(tmp_path / "resumed", max_steps=6, save_steps=3, beta=0.05)
+    resumed = trainer(tmp_path / "resumed", max_steps=6, save_steps=3, beta=0.05, **overrides)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     a, b = params(straight.unwrapped_model), params(resumed.unwrapped_model)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -36,6 +36,9 @@ def train(
     ),
     overrides: list[str] = typer.Argument(None, help="dotted.key=value overrides, e.g. learning_rate=1e-5 peft.r=8"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in output_dir."),
+    resume_from: str = typer.Option(
+        None, help="Continue from this checkpoint: a folder, or a checkpoint-<step> name in output_dir."
+    ),
 ) -> None:
     """Train a model with RLOO as described by a YAML run file."""
     from rloo.cli.run_file import load_run_file
@@ -50,7 +53,8 @@ def train(
     from rloo.training.progress import TrainingInterrupted
 
     try:
-        train_from_run_file(run_file, resume=resume, console=errors)
+        checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
+        train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
     except ValueError as err:
         raise _fail(str(err)) from None
     except NonFiniteTrainingError as err:
@@ -124,6 +128,16 @@ def evaluate(
     console.print_json(json.dumps(result))
     if output is not None:
         output.write_text(json.dumps(result, indent=1))
+
+
+def _checkpoint_path(name: str | None, output_dir: Path) -> str | None:
+    """``--resume-from``: a checkpoint folder, or the name of one inside ``output_dir``."""
+    if name is None:
+        return None
+    path = Path(name) if Path(name).is_dir() else output_dir / name
+    if not path.is_dir():
+        raise ValueError(f"--resume-from {name!r}: no such checkpoint folder (looked in {output_dir} too)")
+    return str(path)
 
 
 def _column_renames(items: list[str]) -> dict[str, str] | None:

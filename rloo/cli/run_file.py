@@ -226,7 +226,7 @@ def build_trainer(run_file: RunFile) -> Any:
     return trainer
 
 
-def train_from_run_file(run_file: RunFile, resume: bool, console: Any) -> Any:
+def train_from_run_file(run_file: RunFile, resume: bool | str, console: Any) -> Any:
     """Train; afterwards (re)build the run report."""
     from rloo.cli.report import build_report
     from rloo.training.run_folder import check_fresh_run
@@ -234,7 +234,7 @@ def train_from_run_file(run_file: RunFile, resume: bool, console: Any) -> Any:
     if not resume:  # before the model loads: a refusal should be instant
         check_fresh_run(Path(run_file.config.output_dir), run_file.config.overwrite_output_dir)
     trainer = build_trainer(run_file)
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.train(resume_from_checkpoint=resume or None)
     path = build_report(run_file.config.output_dir)
     console.print(f"done: model in {trainer.output_dir / 'final'}, report in {path}", highlight=False)
     return trainer

@@ -250,7 +250,10 @@ class RLOOConfig:
         10, "Log the metrics, averaged since the last log, every this many optimizer steps, >= 1.", trl="logging_steps"
     )
     save_steps: int = option(
-        500, "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1.", trl="save_steps"
+        500,
+        "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1: at the first generation-batch "
+        "boundary at or after each multiple, so every checkpoint resumes exactly.",
+        trl="save_steps",
     )
     save_total_limit: int | None = option(
         None, "Keep at most this many checkpoints, deleting the oldest, >= 1; None = keep all.", trl="save_total_limit"
@@ -386,14 +389,3 @@ class RLOOConfig:
             if key not in names:
                 raise unknown_name_error("RLOOConfig field", key, names)
         return cls(**values)
-
-
-def fields_markdown() -> str:
-    """The README's table of the constructor fields, rendered from their metadata, in declaration order."""
-    rows = ["| field | default | what it does | TRL |", "|---|---|---|---|"]
-    for f in dataclasses.fields(RLOOConfig):
-        if f.init:
-            text = f.metadata["help"].replace("|", "\\|")
-            trl = "—" if f.metadata["trl"] is None else f"`{f.metadata['trl']}`"
-            rows.append(f"| `{f.name}` | `{f.default!r}` | {text} | {trl} |")
-    return "\n".join(rows)

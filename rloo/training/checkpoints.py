@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from rloo.training.manifest import manifest_problem, newest_good_checkpoint, write_manifest
 from rloo.training.models import is_peft_model
 from rloo.training.state_files import load_state, save_state
 
@@ -125,6 +126,7 @@ def save_checkpoint(
     save_state(training_state, tmp, TRAINING_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+    write_manifest(tmp)
     old = output_dir / f"old-checkpoint-{step}"
     if final.exists():
         os.replace(final, old)
@@ -187,6 +189,11 @@ def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: P
             f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint (missing {', '.join(missing)}); "
             "pick a checkpoint-<step> folder"
         )
+    problem = manifest_problem(path)
+    if problem is not None:
+        good = newest_good_checkpoint(list_checkpoints(path.parent))
+        instead = f"the newest good checkpoint is {good}: resume from it" if good else "no checkpoint there is intact"
+        raise ValueError(f"checkpoint {path} is damaged: {problem}; {instead} (rloo train ... --resume-from PATH)")
     return path
 
 

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rloo.training.checkpoints import CHECKPOINT_PATTERN, list_checkpoints
 
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
@@ -59,8 +61,12 @@ def prepare_fresh_run(output_dir: Path, overwrite: bool, console: Any) -> None:
             console.print(f"kept the earlier run's {name} as {kept.name}")
 
 
-def prepare_resume(output_dir: Path, checkpoint: Path, overwrite: bool, console: Any) -> None:
-    """Refuse to resume behind newer checkpoints of ``output_dir`` (or remove them, with ``overwrite``)."""
+def prepare_resume(output_dir: Path, checkpoint: Path, config: dict[str, Any], console: Any) -> None:
+    """Refuse a resume that would not continue the checkpoint's run: with other batch-shaping
+    settings, or behind newer checkpoints of ``output_dir`` (removed with ``overwrite_output_dir``).
+    ``config``: this run's ``RLOOConfig.to_dict()``."""
+    check_same_batch_shape(checkpoint, config)
+    overwrite = bool(config["overwrite_output_dir"])
     step = _step(checkpoint)
     newer = [path for path in list_checkpoints(output_dir) if step is not None and (_step(path) or 0) > step]
     if newer and not overwrite:
@@ -73,6 +79,31 @@ def prepare_resume(output_dir: Path, checkpoint: Path, overwrite: bool, console:
     for path in newer:
         shutil.rmtree(path)
         console.print(f"removed {path.name}, newer than {checkpoint.name} (overwrite_output_dir=True)")
+
+
+# the fields that decide which prompts form a generation batch and how it maps to optimizer steps
+BATCH_SHAPE = (
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_iterations",
+    "seed",
+    "shuffle_dataset",
+)
+
+
+def check_same_batch_shape(checkpoint: Path, config: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field and both values if this run shapes its batches
+    differently from the run that wrote ``checkpoint`` (its ``config.yaml``)."""
+    saved = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
+    for name in BATCH_SHAPE:
+        if name in saved and saved[name] != config[name]:
+            raise ValueError(
+                f"cannot resume {checkpoint}: it was trained with {name}={saved[name]!r}, this run has "
+                f"{name}={config[name]!r}; resume with the same value, or start a new run from its weights"
+            )
 
 
 def keep_completions_until(output_dir: Path, step: int) -> None:

@@ -112,6 +112,12 @@ def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
             method(*args)
 
 
+def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
+    """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``."""
+    shown = ("reward", "reward_std", "kl", "loss", "entropy", "completions/mean_length", "eval_reward")
+    return f"step {step}/{max_steps} " + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
+
+
 class RunWarnings:
     """Each warning once: printed, and appended to ``output_dir/warnings.log`` (the report shows it)."""
 

@@ -67,6 +67,7 @@ from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
     TrainerState,
+    log_line,
     mean_metrics,
     run_callbacks,
 )
@@ -133,6 +134,7 @@ class RLOOTrainer:
         self._warnings = RunWarnings(self.output_dir, self.console)
         self._stop = StopRequest()
         self._nonfinite = NonFiniteGuard(args.max_nonfinite_steps)
+        self._checkpoint_due = False
 
     @property
     def unwrapped_model(self) -> Any:
@@ -145,7 +147,7 @@ class RLOOTrainer:
         if resume_path is None:
             prepare_fresh_run(self.output_dir, self.args.overwrite_output_dir, self.console)
         else:
-            prepare_resume(self.output_dir, resume_path, self.args.overwrite_output_dir, self.console)
+            prepare_resume(self.output_dir, resume_path, self.args.to_dict(), self.console)
         self.sink = MetricsSink(self.output_dir, self.args.report_to, self.args.to_dict())
         if resume_path is not None:
             self._load_checkpoint(resume_path)
@@ -161,6 +163,8 @@ class RLOOTrainer:
                 while self.state.global_step < self.state.max_steps and not self._stop.requested:
                     batch = self._generate_and_score()  # phases 1-4
                     self._update(batch)  # phase 5
+                    if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
+                        self._save_checkpoint()
         finally:
             self.sink.close()
         if self._stop.signum is not None:
@@ -327,17 +331,13 @@ class RLOOTrainer:
         if args.eval_steps and self.eval_dataset is not None and state.global_step % args.eval_steps == 0:
             self._log(self.evaluate())
         if state.global_step % args.save_steps == 0:
-            self._save_checkpoint()
+            self._checkpoint_due = True  # written once this generation batch is used up
 
     def _log(self, metrics: dict[str, float]) -> None:
         logs = {"step": float(self.state.global_step), "epoch": self.state.epoch, **metrics}
         self.state.log_history.append(logs)
         self.sink.write(logs)
-        shown = ("reward", "reward_std", "kl", "loss", "entropy", "completions/mean_length", "eval_reward")
-        self.console.print(
-            f"step {self.state.global_step}/{self.state.max_steps} "
-            + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
-        )
+        self.console.print(log_line(self.state.global_step, self.state.max_steps, logs))
         run_callbacks(self.callbacks, "on_log", self, logs)
 
     def _config_yaml(self) -> str:
@@ -349,6 +349,7 @@ class RLOOTrainer:
         self._warnings.warn(message, self.state.global_step)
 
     def _save_checkpoint(self) -> Path:
+        self._checkpoint_due = False
         require_finite_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         path = checkpoints.save_checkpoint(
             self.output_dir,

@@ -1,0 +1,19 @@
+"""The README's table of ``RLOOConfig`` fields, rendered from the documentation declared with
+each field (``python -m rloo.config`` prints it; ``tests/test_config_docs.py`` checks the README)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rloo.config.rloo_config import RLOOConfig
+
+
+def fields_markdown() -> str:
+    """The README's table of the constructor fields, rendered from their metadata, in declaration order."""
+    rows = ["| field | default | what it does | TRL |", "|---|---|---|---|"]
+    for f in dataclasses.fields(RLOOConfig):
+        if f.init:
+            text = f.metadata["help"].replace("|", "\\|")
+            trl = "—" if f.metadata["trl"] is None else f"`{f.metadata['trl']}`"
+            rows.append(f"| `{f.name}` | `{f.default!r}` | {text} | {trl} |")
+    return "\n".join(rows)
