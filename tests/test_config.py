@@ -71,6 +71,8 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"max_grad_norm": NAN}, "max_grad_norm", NAN, "must be finite (NaN and infinity are not settings)"),
     ({"max_grad_norm": -1.0}, "max_grad_norm", -1.0, "0 disables gradient clipping"),
     ({"max_nonfinite_steps": 0}, "max_nonfinite_steps", 0, "must be >= 1"),
+    ({"reward_timeout": 0.0}, "reward_timeout", 0.0, "must be > 0 seconds, or None"),
+    ({"reward_error_policy": "ignore"}, "reward_error_policy", "ignore", "choose one of ['raise', 'skip']"),
     ({"epsilon_high": 0.1}, "epsilon_high", 0.1, "must be >= epsilon (0.2)"),
     ({"weight_decay": -0.1}, "weight_decay", -0.1, "must be >= 0"),
     ({"weight_decay": NAN}, "weight_decay", NAN, "must be finite (NaN and infinity are not settings)"),

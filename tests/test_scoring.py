@@ -14,7 +14,15 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from rloo.rewards.calling import RewardFunc, RewardScores, compute_rewards, reward_func_names
+from rloo.rewards.calling import (
+    CallPolicy,
+    RewardFunc,
+    RewardFunctionError,
+    RewardFunctions,
+    RewardScores,
+    compute_rewards,
+    reward_func_names,
+)
 from rloo.rewards.resolve import resolve_rewards
 from rloo.rewards.reward_model import RewardModelScorer
 from rloo.tiny import build_char_tokenizer
@@ -24,6 +32,12 @@ PROMPTS = ["1+1=", "1+1=", "2+2="]
 COMPLETIONS = ["2", "3", "4"]
 COMPLETION_IDS = [[10], [11], [12]]
 COLUMNS = {"answer": ["2", "2", "4"]}
+INPUTS: dict[str, Any] = {
+    "prompts": PROMPTS,
+    "completions": COMPLETIONS,
+    "completion_ids": COMPLETION_IDS,
+    "columns": COLUMNS,
+}
 
 
 def exact_match(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
@@ -35,13 +49,7 @@ def length(completions: list[str], **kwargs: Any) -> list[float]:
 
 
 def score(funcs: list[Any], **overrides: Any) -> RewardScores:
-    kwargs: dict[str, Any] = {
-        "prompts": PROMPTS,
-        "completions": COMPLETIONS,
-        "completion_ids": COMPLETION_IDS,
-        "columns": COLUMNS,
-    }
-    return compute_rewards(funcs, **{**kwargs, **overrides})
+    return compute_rewards(funcs, **{**INPUTS, **overrides})
 
 
 # ---------------------------------------------------------------------------- names
@@ -340,3 +348,51 @@ def test_resolve_rewards_takes_builtin_names_in_the_trainer_api_too() -> None:
     assert reward_func_names(funcs) == ["accuracy", "length"]
     with pytest.raises(ValueError, match="unknown reward `acuracy`; did you mean `accuracy`"):
         resolve_rewards("acuracy")
+
+
+# ---------------------------------------------------------------------------- timeouts and the error policy
+
+
+def hangs(completions: list[str], **kwargs: Any) -> list[float]:
+    time.sleep(30)
+    return [0.0] * len(completions)
+
+
+async def hangs_async(completions: list[str], **kwargs: Any) -> list[float]:
+    await asyncio.sleep(30)
+    return [0.0] * len(completions)
+
+
+def broken(completions: list[str], **kwargs: Any) -> list[float]:
+    raise ZeroDivisionError("oops")
+
+
+def too_short(completions: list[str], **kwargs: Any) -> list[float]:
+    return [1.0]
+
+
+@pytest.mark.parametrize("func", [hangs, hangs_async], ids=["sync", "async"])
+def test_a_reward_function_that_never_returns_times_out(func: Any) -> None:
+    # before: a reward function that never returned hung the run
+    start = time.perf_counter()
+    with pytest.raises(RewardFunctionError, match=rf"`{func.__name__}` did not return within reward_timeout=0.2 s"):
+        compute_rewards([length, func], **INPUTS, policy=CallPolicy(timeout=0.2))
+    skipped = compute_rewards([length, func], **INPUTS, policy=CallPolicy(timeout=0.2, on_error="skip"))
+    assert time.perf_counter() - start < 5.0
+    assert skipped.values[:, 1].isnan().all() and not skipped.values[:, 0].isnan().any()
+    assert skipped.failed_counts == [0, 3]
+
+
+def test_the_skip_policy_blanks_a_failing_or_malformed_function() -> None:
+    with pytest.raises(RewardFunctionError, match="`broken` failed on a batch of 3 completions: ZeroDivisionError"):
+        compute_rewards([broken], **INPUTS)
+    with pytest.raises(ValueError, match="`too_short` returned 1 values for 3 completions"):
+        compute_rewards([too_short], **INPUTS)
+    out = compute_rewards([broken, too_short, length], **INPUTS, policy=CallPolicy(on_error="skip"))
+    assert out.failed_counts == [3, 3, 0] and out.values[:, :2].isnan().all()
+
+
+def test_rewards_are_combined_over_the_functions_that_did_not_fail() -> None:
+    combined = RewardFunctions([broken, length], policy=CallPolicy(on_error="skip")).score(**INPUTS)
+    assert combined.scorable.all()
+    torch.testing.assert_close(combined.rewards, combined.scores.values[:, 1])

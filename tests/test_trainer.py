@@ -383,3 +383,15 @@ def test_prompts_past_the_models_positions_are_warned_about(tmp_path: Path) -> N
     log = (tmp_path / "run" / "warnings.log").read_text()
     assert "past the model's max_position_embeddings (8)" in log and "lower max_prompt_length" in log
     assert t.state.log_history[-1]["prompts/max_length"] == 4.0  # "1+2=": 4 characters
+
+
+def test_reward_error_policy_skip_keeps_training_and_counts(tmp_path: Path) -> None:
+    def sometimes_broken(completions: list[Any], **kwargs: Any) -> list[float]:
+        raise ConnectionError("judge unreachable")
+
+    t = trainer(tmp_path, reward_funcs=[frac7, sometimes_broken], reward_error_policy="skip", max_steps=2)
+    t.train()
+    assert [row["rewards/sometimes_broken/failed"] for row in t.state.log_history] == [8.0, 8.0]
+    assert "`sometimes_broken` failed or timed out" in (tmp_path / "run" / "warnings.log").read_text()
+    with pytest.raises(RuntimeError, match="`sometimes_broken` failed on a batch of 8 completions: ConnectionError"):
+        trainer(tmp_path / "raise", reward_funcs=[frac7, sometimes_broken], max_steps=1).train()

@@ -48,6 +48,7 @@ def train(
     except ValueError as err:
         raise _fail(str(err)) from None
     from rloo.cli.run_file import train_from_run_file
+    from rloo.rewards.calling import RewardFunctionError
     from rloo.training.checkpoints import latest_checkpoint
     from rloo.training.guards import NonFiniteTrainingError
     from rloo.training.progress import TrainingInterrupted
@@ -59,6 +60,8 @@ def train(
         raise _fail(str(err)) from None
     except NonFiniteTrainingError as err:
         raise _fail(str(err), code=3) from None
+    except RewardFunctionError as err:
+        raise _fail(str(err), code=1) from None
     except KeyboardInterrupt as stop:
         # exit 128 + the signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); resume only from a checkpoint
         code = stop.exit_code if isinstance(stop, TrainingInterrupted) else 130
@@ -113,8 +116,8 @@ def evaluate(
             seed=seed,
         )
         result = evaluate_model(model, data, rewards, settings)
-    except ValueError as err:
-        raise _fail(str(err)) from None
+    except (ValueError, RuntimeError) as err:  # RuntimeError: a reward function failed (named)
+        raise _fail(str(err), code=2 if isinstance(err, ValueError) else 1) from None
     temperature, k = settings.temperature, settings.num_generations
     table = Table(title=f"{model} on {dataset or run_file} ({result['num_prompts']} prompts)")
     for name in ("decoding", "mean reward", "accuracy"):

@@ -26,7 +26,7 @@ from rloo.config.validation import fail, validate
 from rloo.suggest import unknown_name_error
 
 
-def option(default: Any, help: str, *, trl: str | None) -> Any:
+def option(default: Any, help: str, *, trl: str | None = None) -> Any:
     """A constructor field with its documentation: ``help`` (what it does, unit, range) and ``trl``,
     the TRL 1.13 ``RLOOConfig``/``TrainingArguments`` field that means the same (None: no counterpart)."""
     return field(default=default, metadata={"help": help, "trl": trl})
@@ -176,6 +176,14 @@ class RLOOConfig:
         None,
         "(min, max): clamps the combined reward before the KL penalty and the baseline. None = no clipping.",
         trl="reward_clip_range",
+    )
+    reward_timeout: float | None = option(
+        None, "Seconds a reward call may take, > 0; past it the call failed (see reward_error_policy). None: no limit."
+    )
+    reward_error_policy: str = option(
+        "raise",
+        "A reward call that raises, times out or returns a bad result: 'raise' stops the run naming it; "
+        "'skip' scores that batch 'does not apply' (rewards/<name>/failed).",
     )
     entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
     # --- optimization ---

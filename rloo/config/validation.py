@@ -100,6 +100,13 @@ def _check_algorithm(config: RLOOConfig) -> None:
         raise fail("reward_weights", config.reward_weights, "give one weight per reward function, or None")
 
 
+def _check_rewards(config: RLOOConfig) -> None:
+    if config.reward_timeout is not None and not config.reward_timeout > 0:
+        raise fail("reward_timeout", config.reward_timeout, "must be > 0 seconds, or None for no limit")
+    if config.reward_error_policy not in ("raise", "skip"):
+        raise fail("reward_error_policy", config.reward_error_policy, "choose one of ['raise', 'skip']")
+
+
 def _check_clip_range(config: RLOOConfig) -> None:
     spec = config.algorithm
     if not spec.epsilon > 0:

@@ -25,6 +25,7 @@ import functools
 import inspect
 import math
 import numbers
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,14 +72,33 @@ def is_async_reward_func(func: Any) -> bool:
 # ---------------------------------------------------------------------------- scoring
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function raised, returned something unusable, or did not return in time."""
+
+
+ERROR_POLICIES = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """How reward functions are called: ``timeout`` seconds per call (None: no limit), and what a
+    failure does: ``raise`` (stop with :class:`RewardFunctionError`) or ``skip`` (that function's
+    scores of the batch become "does not apply", counted in ``failed_counts``)."""
+
+    timeout: float | None = None
+    on_error: str = "raise"
+
+
 @dataclass(frozen=True)
 class RewardScores:
     """``values: (N, F)`` float32, NaN where function f does not apply to completion n
-    (it returned ``None`` or a non-finite value); ``nonfinite_counts[f]``: how many of
-    function f's values were nan/inf (and so turned into "does not apply")."""
+    (it returned ``None`` or a non-finite value, or failed under the ``skip`` policy);
+    ``nonfinite_counts[f]``: how many of function f's values were nan/inf (and so turned into
+    "does not apply"); ``failed_counts[f]``: completions f failed on (0 or N)."""
 
     values: Tensor
     nonfinite_counts: list[int]
+    failed_counts: list[int]
 
 
 def compute_rewards(
@@ -90,10 +110,13 @@ def compute_rewards(
     columns: dict[str, list[Any]],
     trainer_state: Any = None,
     names: Sequence[str] | None = None,
+    policy: CallPolicy = CallPolicy(),
 ) -> RewardScores:
     """Call every reward function on the N completions and stack the results into ``(N, F)``.
 
     Sync functions run one after another, in order; then all async ones run concurrently.
+    A failure (an exception, an unusable result, no result within ``policy.timeout``) raises
+    :class:`RewardFunctionError` or, with ``policy.on_error == "skip"``, blanks that column.
     """
     n = len(completions)
     names = list(names) if names is not None else reward_func_names(funcs)
@@ -109,15 +132,24 @@ def compute_rewards(
     async_positions = [i for i, f in enumerate(funcs) if is_async_reward_func(f)]
     for i, func in enumerate(funcs):
         if i not in async_positions:
-            results[i] = _call_sync(func, names[i], n, kwargs)
-    gathered = _run_async([funcs[i] for i in async_positions], kwargs)
+            results[i] = _call_sync(func, names[i], n, kwargs, policy.timeout)
+    gathered = _run_async([funcs[i] for i in async_positions], kwargs, policy.timeout)
     for i, result in zip(async_positions, gathered, strict=True):
-        if isinstance(result, BaseException):
-            raise _failure(names[i], n, result) from result
-        results[i] = result
-    columns_out = [_to_column(results[i], names[i], n) for i in range(len(funcs))]
+        results[i] = _failure(names[i], n, result, policy.timeout) if isinstance(result, BaseException) else result
+    columns_out, failed = [], []
+    for i in range(len(funcs)):
+        try:
+            if isinstance(results[i], RewardFunctionError):
+                raise results[i]
+            columns_out.append(_to_column(results[i], names[i], n))
+            failed.append(0)
+        except (RewardFunctionError, ValueError):
+            if policy.on_error != "skip":
+                raise
+            columns_out.append((torch.full((n,), math.nan), 0))
+            failed.append(n)
     values = torch.stack([c for c, _ in columns_out], dim=1) if columns_out else torch.empty(n, 0)
-    return RewardScores(values=values, nonfinite_counts=[count for _, count in columns_out])
+    return RewardScores(values=values, nonfinite_counts=[count for _, count in columns_out], failed_counts=failed)
 
 
 def _check_inputs(
@@ -141,37 +173,70 @@ def _check_inputs(
         )
 
 
-def _failure(name: str, n: int, error: BaseException) -> RuntimeError:
+def _failure(name: str, n: int, error: BaseException, timeout: float | None) -> RewardFunctionError:
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
+        return RewardFunctionError(
+            f"reward function `{name}` did not return within reward_timeout={timeout} s on a batch of {n} "
+            "completions; raise reward_timeout, or set reward_error_policy='skip' to score them as 'does not apply'"
+        )
     hint = ""
     if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
         hint = " (reward functions are called with every dataset column; accept them with **kwargs)"
-    return RuntimeError(
+    failure = RewardFunctionError(
         f"reward function `{name}` failed on a batch of {n} completions: {type(error).__name__}: {error}{hint}"
     )
+    failure.__cause__ = error  # the traceback shows where inside the function it failed
+    return failure
 
 
-def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any]) -> Any:
-    try:
+def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """``func(**kwargs)``, or the :class:`RewardFunctionError` it failed with (returned, not raised)."""
+
+    def call() -> Any:
         result = func(**kwargs)
         # A plain function may still hand back an awaitable (e.g. a lambda around a coroutine).
         if inspect.isawaitable(result):
             awaitable = result
-            (result,) = _run_async([lambda: awaitable], {})
+            (result,) = _run_async([lambda: awaitable], {}, None)
             if isinstance(result, BaseException):
                 raise result
+        return result
+
+    try:
+        return call() if timeout is None else _with_timeout(call, timeout)
     except Exception as error:
-        raise _failure(name, n, error) from error
-    return result
+        return _failure(name, n, error, timeout)
 
 
-def _run_async(funcs: Sequence[Callable[..., Any]], kwargs: dict[str, Any]) -> list[Any]:
+def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
+    """``call()`` in a daemon thread, waited for ``timeout`` seconds: a hung function keeps its
+    thread (Python cannot kill one) but no longer holds the run, nor the interpreter's exit."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as error:  # handed to the caller's thread
+            box["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True, name="rloo-reward")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _run_async(funcs: Sequence[Callable[..., Any]], kwargs: dict[str, Any], timeout: float | None) -> list[Any]:
     """Await all ``funcs(**kwargs)`` together in one event loop; exceptions are returned, not raised."""
     if not funcs:
         return []
 
     async def call(func: Callable[..., Any]) -> Any:
         # Called inside the coroutine so a bad signature is caught per function, too.
-        return await func(**kwargs)
+        return await asyncio.wait_for(func(**kwargs), timeout)
 
     async def gather() -> list[Any]:
         return await asyncio.gather(*(call(f) for f in funcs), return_exceptions=True)
@@ -256,7 +321,9 @@ class RewardFunctions:
     :meth:`score`, so the same functions and weights give the same rewards everywhere.
     """
 
-    def __init__(self, funcs: Sequence[RewardFunc], weights: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, funcs: Sequence[RewardFunc], weights: Sequence[float] | None = None, policy: CallPolicy = CallPolicy()
+    ) -> None:
         if not funcs:
             raise ValueError("give at least one reward function")
         weights = list(weights) if weights is not None else [1.0] * len(funcs)
@@ -268,6 +335,7 @@ class RewardFunctions:
         self.funcs = list(funcs)
         self.names = reward_func_names(self.funcs)
         self.weights = torch.tensor(weights, dtype=torch.float32)
+        self.policy = policy
 
     def to(self, device: torch.device | str) -> RewardFunctions:
         """Move the reward models among the functions to ``device``."""
@@ -294,6 +362,7 @@ class RewardFunctions:
             columns=columns,
             trainer_state=trainer_state,
             names=self.names,
+            policy=self.policy,
         )
         rewards, scorable = combine_rewards(scores.values, self.weights)
         return CombinedRewards(scores, rewards, scorable)

@@ -36,6 +36,8 @@ def reward_metrics(combined: CombinedRewards, names: list[str]) -> dict[str, flo
         metrics[f"rewards/{name}/std"] = _std(values)
         if nonfinite[column]:
             metrics[f"rewards/{name}/nonfinite"] = float(nonfinite[column])
+        if combined.scores.failed_counts[column]:
+            metrics[f"rewards/{name}/failed"] = float(combined.scores.failed_counts[column])
     return metrics
 
 
@@ -87,6 +89,11 @@ def batch_warnings(
     for name in names:
         if metrics.get(f"rewards/{name}/nonfinite"):
             messages.append(f"reward function `{name}` returned NaN/inf: treated as 'does not apply'")
+        if metrics.get(f"rewards/{name}/failed"):
+            messages.append(
+                f"reward function `{name}` failed or timed out: its scores of the batch count as 'does not apply' "
+                "(reward_error_policy='skip'; rewards/<name>/failed counts them)"
+            )
     return messages
 
 

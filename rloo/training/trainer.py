@@ -39,7 +39,7 @@ from rloo.data.sampler import PromptSampler
 from rloo.generation.rollout import Rollout
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
-from rloo.rewards.calling import RewardFunctions
+from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows, plan_passes, take_rows, trainable_rows
@@ -110,7 +110,9 @@ class RLOOTrainer:
             beta=self.spec.beta,
         )
         self.processing_class = load_tokenizer(model, processing_class)
-        self.rewards = RewardFunctions(resolve_rewards(reward_funcs, reward_processing_classes), args.reward_weights)
+        calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
+        funcs = resolve_rewards(reward_funcs, reward_processing_classes)
+        self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
         self.reward_funcs = self.rewards.funcs  # TRL's attribute
 
         self.sampler = PromptSampler(len(self.train_dataset), args.seed, args.shuffle_dataset)
