@@ -32,6 +32,7 @@ def validate(config: RLOOConfig) -> None:
         _check_finite,
         _check_generation,
         _check_algorithm,
+        _check_rewards,
         _check_clip_range,
         _check_optimization,
         _check_batches,
