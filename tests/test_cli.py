@@ -325,3 +325,28 @@ def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> N
     gain = accuracy["+ RLOO"]["greedy"] - accuracy["warm start"]["greedy"]
     assert gain >= 0.15, accuracy
     assert seconds < 180, f"the demo took {seconds:.0f} s"
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
+    tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rloo.cli.report as report
+
+    def broken(run_dir: Path) -> Path:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(report, "build_report", broken)
+    quiet = invoke("report", tmp_path)
+    assert quiet.exit_code == 1 and "KeyError: 'boom' (rloo --debug ... shows the traceback)" in flat(quiet.stderr)
+    assert "Traceback" not in quiet.output
+    loud = invoke("--debug", "report", tmp_path)
+    assert isinstance(loud.exception, KeyError)  # the traceback propagates
+
+
+def test_user_mistakes_in_a_run_file_are_one_line(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files)
+    limit = invoke("train", path, "dataset.limit=abc")
+    assert limit.exit_code == 2 and "`dataset.limit` expects an int >= 1 or null, got 'abc'" in flat(limit.stderr)
+    missing = invoke("train", path, "dataset.path=nope/missing.jsonl")
+    assert missing.exit_code == 2 and "prompt data path 'nope/missing.jsonl' does not exist" in flat(missing.stderr)
+    assert "Traceback" not in missing.output

@@ -12,7 +12,7 @@ import torch
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
-from rloo.data.loading import load_prompt_dataset
+from rloo.data.loading import DatasetSource, load_prompt_dataset
 from rloo.data.prompts import (
     TokenizedPrompts,
     encode_prompts,
@@ -302,3 +302,29 @@ def test_encode_prompts_renders_chats_and_adds_no_special_tokens_to_them() -> No
     assert tok.decode(chat.ids[0]) == "<user>hi\n<assistant>"
     text = encode_prompts(["abc", "abcdef"], tok, 4)
     assert [tok.decode(ids) for ids in text.ids] == ["abc", "cdef"] and text.num_truncated == 1
+
+
+def test_a_path_that_is_neither_local_nor_on_the_hub_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: a mistyped dataset path went to the hub and surfaced its raw ConnectionError
+    def offline(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Couldn't reach 'nosuch/data' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match=r"could not load the dataset 'nosuch/data': it is not a local file or folder"):
+        load_prompt_dataset("nosuch/data")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"path": "x.jsonl", "limit": "abc"}, "`dataset.limit` expects an int >= 1 or null, got 'abc' (str)"),
+        ({"path": "x.jsonl", "limit": 0}, "`dataset.limit` expects an int >= 1 or null, got 0 (int)"),
+        ({"path": "x.jsonl", "as_chat": "yes"}, "`dataset.as_chat` expects true or false, got 'yes' (str)"),
+        ({"path": "x.jsonl", "columns": ["question"]}, "`dataset.columns` expects a mapping of old: new column"),
+        ({"path": 3}, "`dataset.path` expects a file, folder or hub id (str), got 3 (int)"),
+    ],
+)
+def test_run_file_dataset_entries_are_type_checked(entry: dict[str, object], message: str) -> None:
+    # before: `dataset.limit=abc` failed later with a raw TypeError traceback
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DatasetSource.parse(entry, "dataset")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,13 @@ def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
 
 def test_resolve_callable_passes_through() -> None:
     assert resolve_reward(exact_match_reward) is exact_match_reward
+
+
+def test_a_reward_module_in_the_current_folder_is_importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: `my_reward:score` next to the run file needed PYTHONPATH=. (TRL's CLI does not)
+    (tmp_path / "cwd_reward_mod.py").write_text(
+        "def score(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert resolve_reward("cwd_reward_mod:score")(completions=["a", "b"]) == [1.0, 1.0]

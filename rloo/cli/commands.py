@@ -5,7 +5,9 @@ Heavy imports (torch, transformers) happen inside the commands, so ``rloo --help
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,46 @@ console = Console()
 errors = Console(stderr=True)
 
 
+_options = {"debug": False}
+
+
 @app.callback()
-def _root() -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
     """rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out."""
+    _options["debug"] = debug
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
     errors.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # `[q_proj]` is not markup
     return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A user mistake (ValueError, a missing file) is one line and exit 2; any other error one line
+    and exit 1. ``rloo --debug ...`` shows the traceback instead."""
+    try:
+        yield
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        if _options["debug"]:
+            raise
+        raise _fail(*_describe(err)) from None
+
+
+# errors whose message already says what happened and what to do, by name (no heavy imports),
+# with their exit codes: a user mistake 2, a failing reward function 1, non-finite training 3
+_NAMED_ERRORS = {"RewardFunctionError": 1, "NonFiniteTrainingError": 3}
+
+
+def _describe(err: Exception) -> tuple[str, int]:
+    """``(message, exit code)`` of an error the CLI reports in one line."""
+    if isinstance(err, ValueError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return str(err), 2
+    if type(err).__name__ in _NAMED_ERRORS:
+        return str(err), _NAMED_ERRORS[type(err).__name__]
+    return f"{type(err).__name__}: {err} (rloo --debug ... shows the traceback)", 1
 
 
 @app.command()
@@ -43,25 +77,16 @@ def train(
     """Train a model with RLOO as described by a YAML run file."""
     from rloo.cli.run_file import load_run_file
 
-    try:
+    with _one_line_errors():
         run_file = load_run_file(config, overrides or [])
-    except ValueError as err:
-        raise _fail(str(err)) from None
     from rloo.cli.run_file import train_from_run_file
-    from rloo.rewards.calling import RewardFunctionError
     from rloo.training.checkpoints import latest_checkpoint
-    from rloo.training.guards import NonFiniteTrainingError
     from rloo.training.progress import TrainingInterrupted
 
     try:
-        checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
-        train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
-    except ValueError as err:
-        raise _fail(str(err)) from None
-    except NonFiniteTrainingError as err:
-        raise _fail(str(err), code=3) from None
-    except RewardFunctionError as err:
-        raise _fail(str(err), code=1) from None
+        with _one_line_errors():
+            checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
+            train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
     except KeyboardInterrupt as stop:
         # exit 128 + the signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); resume only from a checkpoint
         code = stop.exit_code if isinstance(stop, TrainingInterrupted) else 130
@@ -99,7 +124,7 @@ def evaluate(
     from rloo.cli.evaluate import evaluate_model
     from rloo.cli.run_file import eval_inputs
 
-    try:
+    with _one_line_errors():
         data, rewards, settings = eval_inputs(
             run_file,
             dataset=dataset,
@@ -116,8 +141,6 @@ def evaluate(
             seed=seed,
         )
         result = evaluate_model(model, data, rewards, settings)
-    except (ValueError, RuntimeError) as err:  # RuntimeError: a reward function failed (named)
-        raise _fail(str(err), code=2 if isinstance(err, ValueError) else 1) from None
     temperature, k = settings.temperature, settings.num_generations
     table = Table(title=f"{model} on {dataset or run_file} ({result['num_prompts']} prompts)")
     for name in ("decoding", "mean reward", "accuracy"):
@@ -156,10 +179,8 @@ def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> N
     """(Re)build RUN_DIR/report.html from the run's metrics and completions."""
     from rloo.cli.report import build_report
 
-    try:
+    with _one_line_errors():
         path = build_report(run_dir)
-    except (ValueError, FileNotFoundError) as err:
-        raise _fail(str(err)) from None
     console.print(f"report written to {path}")
 
 

@@ -82,7 +82,13 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
     if not path.exists() and (path.is_absolute() or path.suffix or str(path).startswith(".")):
         raise FileNotFoundError(f"prompt data path {str(path)!r} does not exist")
     if not path.exists():
-        return datasets.load_dataset(str(path), name, split=split)
+        try:
+            return datasets.load_dataset(str(path), name, split=split)
+        except Exception as error:  # no such hub dataset, no network, a bad config name
+            raise ValueError(
+                f"could not load the dataset {str(path)!r}: it is not a local file or folder, and as a hub id it "
+                f"failed ({type(error).__name__}: {error}). Check the path, or the hub id and network"
+            ) from error
     if path.is_dir():
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
@@ -148,6 +154,24 @@ def _message_problem(message: Any) -> str | None:
 
 
 DATASET_KEYS = ("path", "name", "split", "columns", "as_chat", "system_prompt", "limit")
+_DATASET_TYPES: dict[str, type] = {
+    "path": str,
+    "name": str,
+    "split": str,
+    "columns": dict,
+    "as_chat": bool,
+    "system_prompt": str,
+    "limit": int,
+}
+_DATASET_RULES = {
+    "path": "a file, folder or hub id (str)",
+    "name": "a hub configuration name (str) or null",
+    "split": "a split name (str)",
+    "columns": "a mapping of old: new column names",
+    "as_chat": "true or false",
+    "system_prompt": "a string or null",
+    "limit": "an int >= 1 or null",
+}
 
 
 @dataclass(frozen=True)
@@ -178,6 +202,15 @@ class DatasetSource:
                 raise unknown_name_error("key", key, DATASET_KEYS, where=f"{where}.", list_choices=True)
         if "path" not in value:
             raise ValueError(f"`{where}.path` is required: a local file/folder or a hub dataset id")
+        for key, item in value.items():
+            expected = _DATASET_TYPES[key]
+            if item is None and key in ("name", "columns", "system_prompt", "limit"):
+                continue
+            ok = isinstance(item, expected) and not (expected is int and isinstance(item, bool))
+            if key == "columns":
+                ok = ok and all(isinstance(k, str) and isinstance(v, str) for k, v in item.items())
+            if not ok or (key == "limit" and item < 1):
+                raise ValueError(f"`{where}.{key}` expects {_DATASET_RULES[key]}, got {item!r} ({type(item).__name__})")
         return cls(**value)
 
     def to_dict(self) -> dict[str, Any]:

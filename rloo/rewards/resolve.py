@@ -16,6 +16,7 @@ import importlib
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,9 @@ def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> Re
 
 def _import(spec: str) -> RewardFunc:
     module_name, _, attr_path = spec.partition(":")
+    # a module next to the run file is importable without PYTHONPATH=. (as in TRL's CLI)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as error:
