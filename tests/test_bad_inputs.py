@@ -1,0 +1,625 @@
+"""User mistakes, through the Python API and the ``rloo`` command: each gives one clear error.
+
+Every case checks the error's type (``ValueError`` and friends in Python; exit code 2 and one
+``error:`` line on stderr from the CLI, never a traceback) and message text that names what
+is wrong (the field, row, function, file or option) and says what to do about it. Nearly all
+of them fail before any training step, on a tiny local model (offline, CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner, Result
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.cli import app
+from rloo.rewards.calling import RewardFunctionError
+from rloo.tiny import save_tiny_model
+from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, tiny_reward_model
+
+runner = CliRunner()
+DROP = object()  # a run_file() value: leave this key out of the run file
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from a second thread, and slow down a lot when another process
+    holds a core (torch's threads spin-wait on each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model folder and a JSONL dataset of one-digit additions (shared, read-only)."""
+    root = tmp_path_factory.mktemp("inputs")
+    model = save_tiny_model(root / "model", chars="0123456789+= ")
+    data = root / "sums.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"model": model, "data": data}
+
+
+def invoke(*args: str | Path) -> Result:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def flat(text: str) -> str:
+    """Rich wraps long lines at 80 columns; compare messages with whitespace collapsed."""
+    return " ".join(text.split())
+
+
+def assert_usage_error(result: Result, *parts: str) -> str:
+    """Exit code 2, one ``error:`` line holding every part, and no traceback; returns the stderr."""
+    message = flat(result.stderr)
+    assert result.exit_code == 2, (result.exit_code, message, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception  # not an escaped exception
+    assert "Traceback" not in result.output
+    assert "error:" in message, message
+    for part in parts:
+        assert part in message, f"{part!r} not in {message!r}"
+    return message
+
+
+def run_file(folder: Path, files: dict[str, Path], **values: Any) -> Path:
+    """Write a tiny run file to ``folder/run.yaml``; ``values`` replace, add or (DROP) remove keys."""
+    run: dict[str, Any] = {
+        "model": str(files["model"]),
+        "dataset": {"path": str(files["data"])},
+        "reward_funcs": ["accuracy"],
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 2,
+        "max_steps": 1,
+        "logging_steps": 1,
+        "save_steps": 1,
+        "output_dir": str(folder / "run"),
+    }
+    for key, value in values.items():
+        if value is DROP:
+            del run[key]
+        else:
+            run[key] = value
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(run, sort_keys=False))
+    return path
+
+
+def build(tmp_path: Path, **changes: Any) -> RLOOTrainer:
+    """An ``RLOOTrainer`` on a tiny model; ``changes`` replace its keyword arguments."""
+    tok = make_tokenizer()
+    kwargs: dict[str, Any] = {
+        "model": make_model(tok),
+        "reward_funcs": frac7,
+        "args": config(tmp_path, num_generations=2, per_device_train_batch_size=2, max_completion_length=2),
+        "train_dataset": dataset(8),
+        "processing_class": tok,
+    }
+    kwargs.update(changes)
+    return RLOOTrainer(**kwargs)
+
+
+# ============================================================================ RLOOConfig
+CONFIG_CASES: list[tuple[dict[str, Any], str, Any, list[str]]] = [
+    (
+        {"num_generations": 4, "per_device_train_batch_size": 8, "generation_batch_size": 12},
+        "generation_batch_size",
+        12,
+        ["must be a multiple of per_device_train_batch_size (8)"],
+    ),
+    (
+        {"generation_batch_size": 16, "steps_per_generation": 2},
+        "generation_batch_size",
+        16,
+        ["set either generation_batch_size or steps_per_generation, not both"],
+    ),
+    (
+        {"steps_per_generation": 3, "gradient_accumulation_steps": 2},
+        "steps_per_generation",
+        3,
+        ["must be a multiple of gradient_accumulation_steps (2)"],
+    ),
+    ({"report_to": ["tensorbord"]}, "report_to", ["tensorbord"], ["each entry must be one of", "'tensorboard'"]),
+    ({"lr_scheduler_type": "cosin"}, "lr_scheduler_type", "cosin", ["choose one of", "'cosine'"]),
+    ({"preset": "grp"}, "preset", "grp", ["choose one of", "'grpo'"]),
+    ({"kl_estimator": "k4"}, "kl_estimator", "k4", ["choose one of ['k1', 'k2', 'k3']"]),
+    ({"advantage_estimator": "rlo"}, "advantage_estimator", "rlo", ["choose one of", "'rloo'"]),
+    ({"loss_aggregation": "mean"}, "loss_aggregation", "mean", ["choose one of", "'token_mean'"]),
+    ({"ratio_level": "seq"}, "ratio_level", "seq", ["choose one of ['sequence', 'token']"]),
+    ({"temperature": 0}, "temperature", 0, ["must be > 0", "0.01 for near-greedy"]),
+    ({"top_p": 1.5}, "top_p", 1.5, ["must be in (0, 1]"]),
+    ({"num_generations": 1}, "num_generations", 1, ["needs at least 2 completions per prompt", "use 2 or more"]),
+    ({"beta": float("nan")}, "beta", float("nan"), ["must be finite"]),
+    ({"epsilon": 1.5}, "epsilon", 1.5, ["must be < 1"]),
+    ({"reward_error_policy": "ignore"}, "reward_error_policy", "ignore", ["choose one of ['raise', 'skip']"]),
+    ({"reward_timeout": 0}, "reward_timeout", 0, ["must be > 0 seconds, or None for no limit"]),
+    ({"reward_clip_range": (1.0, -1.0)}, "reward_clip_range", (1.0, -1.0), ["give (min, max) with min <= max"]),
+    ({"warmup_ratio": 1.0}, "warmup_ratio", 1.0, ["must be in [0, 1)"]),
+    ({"max_steps": 0}, "max_steps", 0, ["must be >= 1, or -1 to train for num_train_epochs"]),
+    ({"save_total_limit": 0}, "save_total_limit", 0, ["or None to keep every checkpoint"]),
+    ({"learning_rate": -1e-5}, "learning_rate", -1e-5, ["must be > 0"]),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "name", "value", "fix"), CONFIG_CASES, ids=[c[1] for c in CONFIG_CASES])
+def test_config_value_error_names_field_value_and_fix(
+    kwargs: dict[str, Any], name: str, value: Any, fix: list[str]
+) -> None:
+    with pytest.raises(ValueError) as info:
+        RLOOConfig(**kwargs)
+    message = str(info.value)
+    assert message.startswith(f"RLOOConfig.{name}={value!r} is invalid: "), message
+    for part in fix:
+        assert part in message, message
+
+
+def test_config_from_dict_with_a_typo_suggests_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^unknown RLOOConfig field `learnig_rate`; did you mean `learning_rate`\?"):
+        RLOOConfig.from_dict({"learnig_rate": 1e-5})
+
+
+def test_assigning_to_a_frozen_config_says_to_use_replace() -> None:
+    args = RLOOConfig(num_generations=4)
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"cannot set `num_generations`.*args\.replace\("):
+        args.num_generations = 8
+    with pytest.raises(ValueError, match=r"^RLOOConfig\.temperature=-1 is invalid: must be > 0"):
+        args.replace(temperature=-1)  # the copy is validated like a new config
+
+
+# ============================================================================ RLOOTrainer
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# (id, trainer keyword arguments given tmp_path, expected error type, message parts)
+TRAINER_CASES: list[tuple[str, Callable[[Path], dict[str, Any]], type[Exception], list[str]]] = [
+    (
+        "reward-name-typo",
+        lambda tmp: {"reward_funcs": "acuracy"},
+        ValueError,
+        ["unknown reward `acuracy`; did you mean `accuracy`?", "Built-in rewards: accuracy"],
+    ),
+    (
+        "reward-not-callable",
+        lambda tmp: {"reward_funcs": [frac7, 3]},
+        ValueError,
+        ["reward function 1 (3) is a int", "give a callable, a name"],
+    ),
+    (
+        "reward-dict-without-name",
+        lambda tmp: {"reward_funcs": {"weight": 2.0}},
+        ValueError,
+        ["reward spec {'weight': 2.0} has no 'name'", "Built-in rewards: accuracy"],
+    ),
+    (
+        "reward-weights-count",
+        lambda tmp: {"args": config(tmp, num_generations=2, reward_weights=[1.0, 2.0])},
+        ValueError,
+        ["reward_weights has 2 entries but there are 1 reward functions", "give one weight per function"],
+    ),
+    (
+        "reward-model-without-tokenizer",
+        lambda tmp: {"reward_funcs": [frac7, tiny_reward_model(make_tokenizer())]},
+        ValueError,
+        ["reward function 1 is a LlamaForSequenceClassification", "reward_processing_classes at position 1"],
+    ),
+    (
+        "reward-processing-classes-count",
+        lambda tmp: {"reward_processing_classes": [None, None]},
+        ValueError,
+        ["reward_processing_classes has 2 entries for 1 reward functions", "give one per reward function"],
+    ),
+    (
+        "model-not-a-model",
+        lambda tmp: {"model": 3},
+        ValueError,
+        ["model must be a path, a hub id or a PreTrainedModel, got int"],
+    ),
+    (
+        "model-instance-without-tokenizer",
+        lambda tmp: {"processing_class": None},
+        ValueError,
+        ["the model instance has no name_or_path", "pass its tokenizer as processing_class"],
+    ),
+    (
+        "no-train-dataset",
+        lambda tmp: {"train_dataset": None},
+        ValueError,
+        ["train_dataset is required", "a list of dicts or a file path"],
+    ),
+    (
+        "no-prompt-column",
+        lambda tmp: {"train_dataset": [{"question": "1+1=", "answer": "2"}]},
+        ValueError,
+        ["dataset has no `prompt` column (columns: question, answer)", "rename the prompt column to `prompt`"],
+    ),
+    (
+        "hf-dataset-without-prompt-column",
+        lambda tmp: {"train_dataset": datasets.Dataset.from_list([{"text": "1+1="}])},
+        ValueError,
+        ["dataset has no `prompt` column (columns: text)", "rename the prompt column to `prompt`"],
+    ),
+    (
+        "eval-dataset-without-prompt-column",
+        lambda tmp: {"eval_dataset": [{"q": "1+1="}]},
+        ValueError,
+        ["dataset has no `prompt` column (columns: q)", "rename the prompt column to `prompt`"],
+    ),
+    (
+        "int-prompts",
+        lambda tmp: {"train_dataset": [{"prompt": 7}, {"prompt": 8}]},
+        ValueError,
+        ["invalid prompt in row 0: the prompt is a int", "expected a non-empty str or a non-empty list", "2 of 2 rows"],
+    ),
+    (
+        "none-prompt-in-row-1",
+        lambda tmp: {"train_dataset": [{"prompt": "1+1="}, {"prompt": None}]},
+        ValueError,
+        ["invalid prompt in row 1: the prompt is a NoneType; expected a non-empty str", "(1 of 2 rows are invalid)"],
+    ),
+    (
+        "message-without-role",
+        lambda tmp: {"train_dataset": [{"prompt": [{"content": "1+1="}]}]},
+        ValueError,
+        ["invalid prompt in row 0: message 0 `role` is missing; expected a str"],
+    ),
+    (
+        "message-without-content",
+        lambda tmp: {"train_dataset": [{"prompt": [{"role": "user"}]}]},
+        ValueError,
+        ["invalid prompt in row 0: message 0 `content` is missing; expected a str"],
+    ),
+    (
+        "plain-strings-not-dicts",
+        lambda tmp: {"train_dataset": ["1+1=", "2+2="]},
+        ValueError,
+        ["cannot load prompts from list", "give a datasets.Dataset", "a list of dicts"],
+    ),
+    (
+        "columns-dict-not-rows",
+        lambda tmp: {"train_dataset": {"prompt": ["1+1="]}},
+        ValueError,
+        ["cannot load prompts from dict", "a list of dicts"],
+    ),
+    (
+        "unknown-file-suffix",
+        lambda tmp: {"train_dataset": _write(tmp / "prompts.txt", "1+1=\n")},
+        ValueError,
+        ["cannot load prompts from a .txt file", "a path to a .json, .jsonl or .parquet file"],
+    ),
+    (
+        "missing-dataset-file",
+        lambda tmp: {"train_dataset": str(tmp / "nope.jsonl")},
+        FileNotFoundError,
+        ["prompt data path", "nope.jsonl' does not exist"],
+    ),
+    (
+        "dataset-dict-without-train-split",
+        lambda tmp: {"train_dataset": datasets.DatasetDict({"test": datasets.Dataset.from_list(dataset(4))})},
+        ValueError,
+        ["split 'train' not found; available splits: test"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "parts"), [c[1:] for c in TRAINER_CASES], ids=[c[0] for c in TRAINER_CASES]
+)
+def test_trainer_construction_error_names_the_input_and_the_fix(
+    tmp_path: Path, kwargs: Callable[[Path], dict[str, Any]], error: type[Exception], parts: list[str]
+) -> None:
+    with pytest.raises(error) as info:
+        build(tmp_path, **kwargs(tmp_path))
+    for part in parts:
+        assert part in str(info.value), str(info.value)
+    assert not (tmp_path / "run").exists()  # nothing written before the inputs are checked
+
+
+def test_resume_without_a_checkpoint_says_to_train_without_resuming(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        build(tmp_path).train(resume_from_checkpoint=True)
+    message = str(info.value)
+    assert "resume_from_checkpoint=True but" in message and "has no complete checkpoint-<step> folder" in message
+    assert "train without resuming, or pass the checkpoint folder explicitly" in message
+
+
+def test_resume_from_a_folder_that_is_no_checkpoint_lists_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        build(tmp_path).train(resume_from_checkpoint=str(tmp_path / "checkpoint-9"))
+    message = str(info.value)
+    assert "checkpoint-9' is not a complete checkpoint (missing trainer_state.json" in message
+    assert "pick a checkpoint-<step> folder" in message
+
+
+def test_conversational_prompts_without_a_chat_template(tmp_path: Path) -> None:
+    tok = make_tokenizer()
+    tok.chat_template = None
+    chats = [{"prompt": [{"role": "user", "content": f"{a}+1="}]} for a in range(4)]
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, model=make_model(tok), processing_class=tok, train_dataset=chats).train()
+    message = str(info.value)
+    assert "conversational prompts need a chat template, but the tokenizer has none" in message
+    assert "set `tokenizer.chat_template` or use plain-text prompts" in message
+
+
+# ============================================================================ reward functions
+def reward_as_text(completions: list[Any], **kwargs: Any) -> Any:
+    return "good"
+
+
+def reward_as_dict(completions: list[Any], **kwargs: Any) -> Any:
+    return {"score": 1.0}
+
+
+def reward_forgets_return(completions: list[Any], **kwargs: Any) -> Any:
+    return None  # computed the scores, then forgot to return them
+
+
+def reward_of_strings(completions: list[Any], **kwargs: Any) -> Any:
+    return ["1"] * len(completions)
+
+
+def reward_without_kwargs(completions: list[Any]) -> list[float]:
+    return [1.0] * len(completions)
+
+
+REWARD_CASES: list[tuple[Callable[..., Any], type[Exception], list[str]]] = [
+    (reward_as_text, ValueError, ["`reward_as_text` returned a str", "return a list with one float (or None) per"]),
+    (reward_as_dict, ValueError, ["`reward_as_dict` returned a dict", "return a list with one float (or None) per"]),
+    (
+        reward_forgets_return,
+        ValueError,
+        ["`reward_forgets_return` returned a NoneType", "return a list with one float (or None) per completion"],
+    ),
+    (
+        reward_of_strings,
+        ValueError,
+        ["`reward_of_strings` returned '1' (str) at row 0", "expected a real number, or None where it does not apply"],
+    ),
+    (
+        reward_without_kwargs,
+        RewardFunctionError,
+        ["`reward_without_kwargs` failed", "unexpected keyword argument", "accept them with **kwargs"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("func", "error", "parts"), REWARD_CASES, ids=[c[0].__name__ for c in REWARD_CASES])
+def test_a_broken_reward_function_is_named_with_the_fix(
+    tmp_path: Path, func: Callable[..., Any], error: type[Exception], parts: list[str]
+) -> None:
+    with pytest.raises(error) as info:
+        build(tmp_path, reward_funcs=func).train()
+    for part in parts:
+        assert part in str(info.value), str(info.value)
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_a_dataset_column_named_like_a_reward_argument(tmp_path: Path) -> None:
+    rows = [{"prompt": f"{a}+1=", "completions": "x"} for a in range(4)]
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, train_dataset=rows).train()
+    message = str(info.value)
+    assert "dataset column(s) completions clash with reward function arguments" in message
+    assert "rename them" in message
+
+
+# ============================================================================ rloo train
+RUN_FILE_CASES: list[tuple[str, dict[str, Any], list[str], list[str]]] = [
+    ("unknown-key", {"num_generation": 2}, [], ["unknown key `num_generation`; did you mean `num_generations`?"]),
+    ("wrong-type", {"num_generations": "four"}, [], ["`num_generations` expects int, got 'four' (str)"]),
+    ("bool-type", {"shuffle_dataset": "maybe"}, [], ["`shuffle_dataset` expects bool, got 'maybe' (str)"]),
+    ("no-model", {"model": DROP}, [], ["the run file needs `model`"]),
+    ("no-dataset", {"dataset": DROP}, [], ["the run file needs `dataset`"]),
+    ("no-reward-funcs", {"reward_funcs": DROP}, [], ["the run file needs `reward_funcs`"]),
+    ("model-not-a-string", {"model": 5}, [], ["`model` expects a path or hub id (str), got 5"]),
+    ("output-dir-not-a-string", {"output_dir": 5}, [], ["`output_dir` expects str, got 5 (int)"]),
+    ("nested-typo-override", {}, ["dataset.splt=test"], ["unknown key `dataset.splt`; did you mean `split`?"]),
+    ("peft-typo-override", {"peft": {"r": 8}}, ["peft.rank=4"], ["unknown key `peft.rank`; did you mean `r`?"]),
+    ("override-typo", {}, ["learnig_rate=1e-5"], ["unknown key `learnig_rate`; did you mean `learning_rate`?"]),
+    ("override-wrong-type", {}, ["max_steps=abc"], ["`max_steps` expects int, got 'abc' (str)"]),
+    ("override-without-equals", {}, ["learning_rate"], ["override 'learning_rate' must look like key=value"]),
+    ("eval-dataset-typo", {"eval_datset": {"path": "x"}}, [], ["unknown key `eval_datset`; did you mean"]),
+    (
+        "dataset-not-a-mapping",
+        {"dataset": 5},
+        [],
+        ["`dataset` must be a path/hub id or a mapping with keys ['path', 'name', 'split'"],
+    ),
+    (
+        "dataset-without-path",
+        {"dataset": {"split": "train"}},
+        [],
+        ["`dataset.path` is required: a local file/folder or a hub dataset id"],
+    ),
+    (
+        "dataset-columns-a-list",
+        {"dataset": {"path": "x", "columns": ["question"]}},
+        [],
+        ["`dataset.columns` expects a mapping of old: new column names, got ['question'] (list)"],
+    ),
+    (
+        "dataset-as-chat-a-word",
+        {"dataset": {"path": "x", "as_chat": "yes"}},
+        [],
+        ["`dataset.as_chat` expects true or false, got 'yes'"],
+    ),
+    ("dataset-limit-zero", {}, ["dataset.limit=0"], ["`dataset.limit` expects an int >= 1 or null, got 0"]),
+    ("peft-not-a-mapping", {"peft": 8}, [], ["`peft` expects a mapping of peft.LoraConfig fields, got 8"]),
+    (
+        "reward-typo",
+        {"reward_funcs": ["acuracy"]},
+        [],
+        ["unknown reward `acuracy`; did you mean `accuracy`?", "Built-in rewards: accuracy"],
+    ),
+    (
+        "reward-bad-parameter",
+        {"reward_funcs": [{"name": "length", "min_wrds": 1}]},
+        [],
+        ["reward 'length': bad parameters {'min_wrds': 1}", "it accepts: min_words, max_words"],
+    ),
+    (
+        "config-value",
+        {"lr_scheduler_type": "cosin"},
+        [],
+        ["RLOOConfig.lr_scheduler_type='cosin' is invalid: choose one of", "'cosine'"],
+    ),
+    (
+        "two-kinds-of-weights",
+        {"reward_funcs": [{"name": "accuracy", "weight": 2.0}], "reward_weights": [1.0]},
+        [],
+        ["either as `weight:` in reward_funcs or as `reward_weights`, not both"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "overrides", "parts"), [c[1:] for c in RUN_FILE_CASES], ids=[c[0] for c in RUN_FILE_CASES]
+)
+def test_run_file_mistake_exits_2_before_loading_anything(
+    tmp_path: Path, files: dict[str, Path], values: dict[str, Any], overrides: list[str], parts: list[str]
+) -> None:
+    message = assert_usage_error(invoke("train", run_file(tmp_path, files, **values), *overrides), *parts)
+    assert "Loading" not in message  # caught before a model is loaded
+    assert not (tmp_path / "run").exists()
+
+
+def test_reward_weight_count_mismatch_in_a_run_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files, reward_weights=[1.0, 2.0])
+    assert_usage_error(
+        invoke("train", path),
+        "reward_weights has 2 entries but there are 1 reward functions",
+        "give one weight per function",
+    )
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_a_missing_run_file(tmp_path: Path) -> None:
+    assert_usage_error(invoke("train", tmp_path / "nope.yaml"), "run file", "nope.yaml' not found")
+
+
+def test_a_run_file_that_is_not_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- dataset\n")
+    assert_usage_error(invoke("train", path), "list.yaml' must be a YAML mapping of keys to values")
+
+
+def test_resume_with_no_checkpoint(tmp_path: Path, files: dict[str, Path]) -> None:
+    message = assert_usage_error(
+        invoke("train", run_file(tmp_path, files), "--resume"),
+        "has no complete checkpoint-<step> folder",
+        "train without resuming",
+    )
+    assert "resume_from_checkpoint=True" in message
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_resume_from_a_missing_checkpoint(tmp_path: Path, files: dict[str, Path]) -> None:
+    assert_usage_error(
+        invoke("train", run_file(tmp_path, files), "--resume-from", "checkpoint-9"),
+        "--resume-from 'checkpoint-9': no such checkpoint folder",
+        "(looked in",
+    )
+
+
+def test_a_second_fresh_run_into_a_used_output_dir(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files)
+    first = invoke("train", path)
+    assert first.exit_code == 0, flat(first.stderr)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    message = assert_usage_error(
+        invoke("train", path),
+        "already holds an earlier run (checkpoint-1",
+        "--resume",
+        "choose a new output_dir",
+        "overwrite_output_dir=True",
+        "(nothing was changed)",
+    )
+    assert "Loading" not in message
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+# ============================================================================ rloo eval
+EVAL_CASES: list[tuple[str, list[str], list[str]]] = [
+    ("batch-size-zero", ["--batch-size", "0"], ["--batch-size=0 is invalid: it must be >= 1"]),
+    ("num-generations-zero", ["--num-generations", "0"], ["--num-generations=0 is invalid: it must be >= 1"]),
+    (
+        "max-completion-length-zero",
+        ["--max-completion-length", "0"],
+        ["--max-completion-length=0 is invalid: it must be >= 1"],
+    ),
+    ("negative-temperature", ["--temperature", "-1"], ["--temperature=-1.0 is invalid: it must be finite and >= 0"]),
+    (
+        "column-without-equals",
+        ["--column", "question"],
+        ["--column 'question' is invalid: write old=new, e.g. --column question=prompt"],
+    ),
+    (
+        "column-not-in-dataset",
+        ["--column", "question=prompt"],
+        ["dataset columns ['question'] not found; the dataset has ['prompt', 'answer']"],
+    ),
+    (
+        "unknown-reward",
+        ["--reward", "acuracy"],
+        ["unknown reward `acuracy`; did you mean `accuracy`?", "Built-in rewards"],
+    ),
+    (
+        "reward-weight-count",
+        ["--reward-weight", "1", "--reward-weight", "2"],
+        ["got 2 --reward-weight values for 1 rewards; give one per reward"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "parts"), [c[1:] for c in EVAL_CASES], ids=[c[0] for c in EVAL_CASES])
+def test_eval_option_mistake_exits_2(files: dict[str, Path], options: list[str], parts: list[str]) -> None:
+    base: list[str | Path] = ["eval", "--model", files["model"], "--dataset", files["data"], "--split", "train"]
+    rewards = [] if "--reward" in options else ["--reward", "accuracy"]
+    assert_usage_error(invoke(*base, *rewards, *options), *parts)
+
+
+def test_eval_without_a_dataset_or_a_run_file(files: dict[str, Path]) -> None:
+    result = invoke("eval", "--model", files["model"], "--reward", "accuracy")
+    assert_usage_error(result, "give --dataset, or --run-file with a dataset")
+
+
+def test_eval_without_a_reward(files: dict[str, Path]) -> None:
+    assert_usage_error(
+        invoke("eval", "--model", files["model"], "--dataset", files["data"]),
+        "give --reward (once per reward function), or --run-file",
+    )
+
+
+def test_eval_with_a_mistyped_run_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files, num_generation=2)
+    assert_usage_error(
+        invoke("eval", "--model", files["model"], "--run-file", path),
+        "unknown key `num_generation`; did you mean `num_generations`?",
+    )
+
+
+def test_eval_with_a_missing_run_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    assert_usage_error(
+        invoke("eval", "--model", files["model"], "--run-file", tmp_path / "gone.yaml"), "gone.yaml' not found"
+    )
+
+
+def test_eval_with_a_non_integer_option(files: dict[str, Path]) -> None:
+    # click's own usage error: exit 2, the option named, what it expects
+    result = invoke("eval", "--model", files["model"], "--reward", "accuracy", "--batch-size", "many")
+    assert result.exit_code == 2
+    message = flat(result.stderr)
+    assert "Invalid value for '--batch-size'" in message and "valid integer" in message
