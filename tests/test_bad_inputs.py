@@ -623,3 +623,62 @@ def test_eval_with_a_non_integer_option(files: dict[str, Path]) -> None:
     assert result.exit_code == 2
     message = flat(result.stderr)
     assert "Invalid value for '--batch-size'" in message and "valid integer" in message
+
+
+# ---------------------------------------------------------------------------- found by this file, then fixed
+
+
+def test_an_unknown_config_keyword_suggests_the_field() -> None:
+    # before: Python's bare "unexpected keyword argument 'num_generation'"
+    with pytest.raises(
+        ValueError, match=r"unknown RLOOConfig field `num_generation`; did you mean `num_generations`\?"
+    ):
+        RLOOConfig(num_generation=4)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"unknown RLOOConfig field `bta`; did you mean `beta`\?"):
+        RLOOConfig().replace(bta=1.0)
+    with pytest.raises(ValueError, match="from_dict takes a mapping of field names to values"):
+        RLOOConfig.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_trainer_args_that_are_not_a_config(tmp_path: Path) -> None:
+    # before: AttributeError: 'dict' object has no attribute 'algorithm'
+    with pytest.raises(
+        ValueError, match=r"args must be an RLOOConfig, got a dict; build one with RLOOConfig\(\*\*values\)"
+    ):
+        RLOOTrainer(model=make_model(make_tokenizer()), reward_funcs=frac7, args={"num_generations": 4})  # type: ignore[arg-type]
+
+
+def test_a_run_file_that_is_not_valid_yaml_names_line_and_column(tmp_path: Path) -> None:
+    # before: exit 1 with PyYAML's multi-line ParserError
+    path = tmp_path / "run.yaml"
+    path.write_text("model: [unclosed\n")
+    assert_usage_error(invoke("train", path), "is not valid YAML: line 2, column 1")
+    assert_usage_error(invoke("train", path, "reward_weights=[1,"), "is not valid YAML")
+
+
+def test_a_run_file_path_that_is_a_folder(tmp_path: Path) -> None:
+    assert_usage_error(invoke("train", tmp_path), "is a folder; give the YAML file")
+
+
+def test_a_reward_weight_that_is_not_a_number(tmp_path: Path, files: dict[str, Path]) -> None:
+    # before: "could not convert string to float: 'high'", naming neither the field nor the fix
+    path = run_file(tmp_path, files, reward_funcs=[{"name": "accuracy", "weight": "high"}])
+    assert_usage_error(invoke("train", path), "`reward_funcs[0].weight` expects a number, got 'high'")
+
+
+def test_a_report_of_a_folder_that_does_not_exist(tmp_path: Path) -> None:
+    assert_usage_error(
+        invoke("report", tmp_path / "nope"), "does not exist or is not a folder; give a run's output_dir"
+    )
+
+
+def test_demo_options_are_checked_before_the_warm_start() -> None:
+    # before: --steps 0 ran the whole warm start, then failed with an exit 1 traceback
+    assert_usage_error(invoke("demo", "--steps", "0"), "--steps=0 is invalid: it must be >= 1")
+    assert_usage_error(invoke("demo", "--hidden-size", "30"), "--hidden-size=30 is invalid: it must be a multiple of 4")
+
+
+def test_eval_limit_and_threshold_are_checked(files: dict[str, Path]) -> None:
+    base = ("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "accuracy")
+    assert_usage_error(invoke(*base, "--limit", "0"), "--limit=0 is invalid: it must be >= 1")
+    assert_usage_error(invoke(*base, "--success-threshold", "nan"), "--success-threshold=nan is invalid")

@@ -207,18 +207,19 @@ def demo(
         output_dir = str(_free_folder(Path("runs/demo")))
     elif Path(output_dir).exists() and any(Path(output_dir).iterdir()):
         raise _fail(f"{output_dir} already exists and is not empty; choose a new --output-dir (nothing was changed)")
-    options = DemoOptions(
-        steps=steps,
-        num_generations=num_generations,
-        prompts_per_step=prompts_per_step,
-        learning_rate=learning_rate,
-        eval_problems=eval_problems,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        warm_start_steps=warm_start_steps,
-        seed=seed,
-        output_dir=output_dir,
-    )
+    with _one_line_errors():
+        options = DemoOptions(
+            steps=steps,
+            num_generations=num_generations,
+            prompts_per_step=prompts_per_step,
+            learning_rate=learning_rate,
+            eval_problems=eval_problems,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            warm_start_steps=warm_start_steps,
+            seed=seed,
+            output_dir=output_dir,
+        )
     start = time.perf_counter()
     result = run_demo(options, log=lambda text: errors.print(f"[bold]{text}[/bold]", highlight=False))
     total = time.perf_counter() - start

@@ -23,6 +23,7 @@ large models or natural-language tasks.
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -201,6 +202,26 @@ class DemoOptions:
     num_layers: int = 2
     seed: int = 0
     output_dir: str = "runs/demo"
+
+    def __post_init__(self) -> None:
+        # checked before the warm start, so a typo costs no minutes
+        for option, value, minimum in (
+            ("--steps", self.steps, 1),
+            ("--num-generations", self.num_generations, 2),
+            ("--prompts-per-step", self.prompts_per_step, 1),
+            ("--eval-problems", self.eval_problems, 1),
+            ("--hidden-size", self.hidden_size, 4),
+            ("--num-layers", self.num_layers, 1),
+            ("--warm-start-steps", self.warm_start_steps, 1),
+        ):
+            if value < minimum:
+                raise ValueError(f"{option}={value} is invalid: it must be >= {minimum}")
+        if self.hidden_size % 4:
+            raise ValueError(
+                f"--hidden-size={self.hidden_size} is invalid: it must be a multiple of 4 (attention heads)"
+            )
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"--learning-rate={self.learning_rate} is invalid: it must be a finite number > 0")
 
 
 @dataclass(frozen=True)

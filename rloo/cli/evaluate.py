@@ -36,6 +36,7 @@ class EvalSettings:
             ("--num-generations", self.num_generations, self.num_generations >= 1, ">= 1"),
             ("--max-completion-length", self.max_completion_length, self.max_completion_length >= 1, ">= 1"),
             ("--batch-size", self.batch_size, self.batch_size >= 1, ">= 1 (prompts generated at once)"),
+            ("--success-threshold", self.success_threshold, math.isfinite(self.success_threshold), "a finite number"),
             (
                 "--temperature",
                 self.temperature,

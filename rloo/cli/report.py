@@ -42,6 +42,8 @@ def build_report(run_dir: str | Path, output: Path | None = None) -> Path:
     sees a half-written report. Returns the report's path.
     """
     run = Path(run_dir)
+    if not run.is_dir():
+        raise ValueError(f"run folder {str(run)!r} does not exist or is not a folder; give a run's output_dir")
     output = Path(output) if output is not None else run / "report.html"
     rows, skipped = _read_jsonl(run / "metrics.jsonl")
     if not rows:

@@ -43,7 +43,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key:
         raise ValueError(f"override {text!r} has an empty key")
-    return key.split("."), yaml.safe_load(raw) if raw else None
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError as error:
+        raise ValueError(f"override {text!r}: the value is not valid YAML: {_yaml_problem(error)}") from None
+    return key.split("."), value
 
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -166,6 +170,9 @@ def parse_run(values: dict[str, Any]) -> RunFile:
     rewards = rewards if isinstance(rewards, list) else [rewards]
     config_values = {k: v for k, v in values.items() if k not in RUN_KEYS}
     weights = [r.get("weight") if isinstance(r, dict) else None for r in rewards]
+    for position, weight in enumerate(weights):
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)):
+            raise ValueError(f"`reward_funcs[{position}].weight` expects a number, got {weight!r}")
     if any(w is not None for w in weights):
         if config_values.get("reward_weights") is not None:
             raise ValueError("give reward weights either as `weight:` in reward_funcs or as `reward_weights`, not both")
@@ -190,9 +197,14 @@ def parse_run(values: dict[str, Any]) -> RunFile:
 def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunFile:
     """Read a YAML run file, apply ``dotted.key=value`` overrides, and check everything."""
     file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"run file {str(file)!r} is a folder; give the YAML file (e.g. {str(file / 'config.yaml')!r})")
     if not file.is_file():
         raise ValueError(f"run file {str(file)!r} not found")
-    loaded = yaml.safe_load(file.read_text()) or {}
+    try:
+        loaded = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"run file {str(file)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"run file {str(file)!r} must be a YAML mapping of keys to values")
     return parse_run(apply_overrides(loaded, overrides or []))
@@ -263,6 +275,8 @@ def eval_inputs(
     from rloo.rewards.calling import RewardFunctions
     from rloo.rewards.resolve import resolve_rewards
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit={limit} is invalid: it must be >= 1 (prompts evaluated)")
     run = load_run_file(run_file) if run_file is not None else None
     if dataset is not None:
         source = DatasetSource(path=dataset, split=split, columns=columns, limit=limit)
@@ -296,3 +310,10 @@ def eval_inputs(
 def _first(*values: Any) -> Any:
     """The first value that is not None (0 and 0.0 count: ``--temperature 0`` is greedy)."""
     return next(value for value in values if value is not None)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """``line L, column C: <problem>`` of a YAML error, without PyYAML's multi-line context."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + str(getattr(error, "problem", None) or error)

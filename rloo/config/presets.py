@@ -124,6 +124,23 @@ class AlgorithmSpec:
         return (self.epsilon, self.epsilon_high) if self.clip_ratio else (float("inf"), float("inf"))
 
 
+def resolve_preset(preset: str, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """Fill the knobs the user left None from ``preset``: ``(resolved knobs, overrides)`` where
+    ``overrides[key] = (explicit value, the preset's value)`` for each explicit knob that differs."""
+    values = PRESETS[preset]
+    resolved: dict[str, Any] = {}
+    overrides: dict[str, tuple[Any, Any]] = {}
+    for key in PRESET_KEYS:
+        explicit, default = given[key], values[key]
+        # an explicit epsilon without epsilon_high means a symmetric clip, as in TRL
+        if key == "epsilon_high" and "epsilon" in overrides:
+            default = resolved["epsilon"]
+        resolved[key] = default if explicit is None else explicit
+        if explicit is not None and explicit != default:
+            overrides[key] = (explicit, default)
+    return resolved, overrides
+
+
 def describe_algorithm(preset: str, spec: AlgorithmSpec, overrides: dict[str, tuple[Any, Any]]) -> str:
     """Human-readable formula of the resolved algorithm (from the registries' formulas),
     with the explicit overrides."""

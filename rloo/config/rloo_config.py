@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
+from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.validation import fail, validate
 from rloo.suggest import unknown_name_error
 
@@ -289,6 +289,14 @@ class RLOOConfig:
     _given: dict[str, Any] = field(init=False, repr=False, compare=False)
     _frozen: bool = field(init=False, repr=False, compare=False, default=False)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> RLOOConfig:
+        # an unknown keyword gets the closest field name, not Python's bare TypeError
+        names = cls.field_names()
+        for key in kwargs:
+            if key not in names:
+                raise unknown_name_error("RLOOConfig field", key, names)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):
             self._set("report_to", [self.report_to])
@@ -296,7 +304,13 @@ class RLOOConfig:
             self._set("reward_clip_range", tuple(self.reward_clip_range))
         # the preset knobs as the user gave them (None = from the preset), for replace()
         self._set("_given", {key: getattr(self, key) for key in PRESET_KEYS})
-        self._resolve_preset()
+        if self.preset not in PRESETS:
+            raise fail("preset", self.preset, f"choose one of {sorted(PRESETS)}")
+        resolved, overrides = resolve_preset(self.preset, self._given)
+        for key, value in resolved.items():
+            self._set(key, value)
+        self._set("preset_overrides", overrides)
+        self._set("algorithm", AlgorithmSpec(**resolved))
         validate(self)
         # containers become immutable too: a frozen config holds no list to append to
         for name in ("report_to", "reward_weights"):
@@ -328,24 +342,6 @@ class RLOOConfig:
         """
         given = {key: value for key, value in self._given.items() if key not in changes}
         return RLOOConfig(**{**self.to_dict(), **given, **changes})
-
-    # ----- preset resolution -----
-    def _resolve_preset(self) -> None:
-        if self.preset not in PRESETS:
-            raise fail("preset", self.preset, f"choose one of {sorted(PRESETS)}")
-        values = PRESETS[self.preset]
-        overrides: dict[str, tuple[Any, Any]] = {}
-        for key in PRESET_KEYS:
-            explicit, default = getattr(self, key), values[key]
-            # an explicit epsilon without epsilon_high means a symmetric clip, as in TRL
-            if key == "epsilon_high" and "epsilon" in overrides:
-                default = self.epsilon
-            if explicit is None:
-                self._set(key, default)
-            elif explicit != default:
-                overrides[key] = (explicit, default)
-        self._set("preset_overrides", overrides)
-        self._set("algorithm", AlgorithmSpec(**{key: getattr(self, key) for key in PRESET_KEYS}))
 
     def describe_algorithm(self) -> str:
         """The resolved formula, printed by the trainer at start-up."""
@@ -392,8 +388,6 @@ class RLOOConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RLOOConfig:
         """Build from a mapping; an unknown key is rejected with the closest valid name."""
-        names = cls.field_names()
-        for key in values:
-            if key not in names:
-                raise unknown_name_error("RLOOConfig field", key, names)
+        if not isinstance(values, Mapping):
+            raise ValueError(f"RLOOConfig.from_dict takes a mapping of field names to values, got {values!r}")
         return cls(**values)

@@ -183,7 +183,8 @@ def _failure(name: str, n: int, error: BaseException, timeout: float | None) -> 
     if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
         hint = " (reward functions are called with every dataset column; accept them with **kwargs)"
     failure = RewardFunctionError(
-        f"reward function `{name}` failed on a batch of {n} completions: {type(error).__name__}: {error}{hint}"
+        f"reward function `{name}` failed on a batch of {n} completions: {type(error).__name__}: {error}{hint}; "
+        "fix the function, or set reward_error_policy='skip' to score such batches 'does not apply'"
     )
     failure.__cause__ = error  # the traceback shows where inside the function it failed
     return failure

@@ -32,7 +32,7 @@ from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normaliz
 from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.algo.stats import masked_mean
-from rloo.config import RLOOConfig
+from rloo.config import RLOOConfig, as_config
 from rloo.data.loading import load_prompt_dataset
 from rloo.data.prompts import gather_columns
 from rloo.data.sampler import PromptSampler
@@ -89,7 +89,7 @@ class RLOOTrainer:
         callbacks: list[Any] | None = None,
     ) -> None:
         # the config is frozen: what is read here is what config.yaml records
-        self.args = args = args if args is not None else RLOOConfig()
+        self.args = args = as_config(args)
         self.spec = args.algorithm
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
         self._objective = objective_settings(self.spec, self.loss_beta, args.max_completion_length)
