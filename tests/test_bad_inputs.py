@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -682,3 +683,43 @@ def test_eval_limit_and_threshold_are_checked(files: dict[str, Path]) -> None:
     base = ("eval", "--model", files["model"], "--dataset", files["data"], "--reward", "accuracy")
     assert_usage_error(invoke(*base, "--limit", "0"), "--limit=0 is invalid: it must be >= 1")
     assert_usage_error(invoke(*base, "--success-threshold", "nan"), "--success-threshold=nan is invalid")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"num_generations": "4"}, "RLOOConfig.num_generations='4' is invalid: expects int, got a str"),
+        ({"learning_rate": "1e-5"}, "RLOOConfig.learning_rate='1e-5' is invalid: expects float, got a str"),
+        ({"bf16": "yes"}, "RLOOConfig.bf16='yes' is invalid: expects bool | None, got a str"),
+        ({"model_init_kwargs": [1]}, "RLOOConfig.model_init_kwargs=[1] is invalid: expects Mapping"),
+    ],
+)
+def test_config_values_of_the_wrong_type(values: dict[str, Any], message: str) -> None:
+    # before: num_generations="4" gave "'<' not supported between 'str' and 'int'"; bf16="yes" was accepted
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RLOOConfig(**values)
+
+
+def test_trainer_inputs_of_the_wrong_kind(tmp_path: Path) -> None:
+    # before: AttributeErrors about 'base_model_name_or_path' and 'eos_token_id'
+    tok = make_tokenizer()
+    with pytest.raises(ValueError, match=r"peft_config must be a peft config such as peft.LoraConfig"):
+        RLOOTrainer(make_model(tok), frac7, config(tmp_path), dataset(), processing_class=tok, peft_config={"r": 4})
+    with pytest.raises(ValueError, match=r"processing_class must be a tokenizer, got a str"):
+        RLOOTrainer(make_model(tok), frac7, config(tmp_path), dataset(), processing_class="nope")  # type: ignore[arg-type]
+
+
+def test_prompt_files_and_rows_that_arrow_would_reject(tmp_path: Path) -> None:
+    # before: raw ArrowTypeError / DatasetGenerationError / StopIteration naming no row or file
+    with pytest.raises(ValueError, match=r"invalid prompt in row 1: the prompt is a int"):
+        RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), [{"prompt": "1+1="}, {"prompt": 5}])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"could not read .*bad.jsonl' as jsonl .*check that it is a valid"):
+        RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(bad))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty.jsonl' is empty; give a file with one prompt per row"):
+        RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(empty))
+    with pytest.raises(ValueError, match=r"is a folder but not one written by Dataset.save_to_disk"):
+        RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(tmp_path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
@@ -29,6 +30,7 @@ def fail(name: str, value: Any, fix: str) -> ValueError:
 def validate(config: RLOOConfig) -> None:
     """Run every check; the first failure raises."""
     checks = (
+        _check_types,
         _check_finite,
         _check_generation,
         _check_algorithm,
@@ -40,6 +42,30 @@ def validate(config: RLOOConfig) -> None:
     )
     for check in checks:
         check(config)
+
+
+_KINDS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "Sequence": lambda v: isinstance(v, list | tuple),
+    "tuple": lambda v: isinstance(v, list | tuple),
+    "Mapping": lambda v: isinstance(v, Mapping),
+}
+
+
+def _check_types(config: RLOOConfig) -> None:
+    """Each field holds its declared type (``num_generations="4"`` is a string, not a count)."""
+    for item in dataclasses.fields(config):
+        if not item.init:
+            continue
+        value, annotation = getattr(config, item.name), str(item.type)
+        if value is None and "None" in annotation:
+            continue
+        kind = annotation.replace(" | None", "").split("[")[0].strip()
+        if kind in _KINDS and not _KINDS[kind](value):
+            raise fail(item.name, value, f"expects {annotation}, got a {type(value).__name__}")
 
 
 def _check_finite(config: RLOOConfig) -> None:

@@ -66,7 +66,16 @@ def load_dataset(data: Any, split: str = "train", name: str | None = None) -> da
     if isinstance(data, datasets.DatasetDict):
         return _take_split(data, split)
     if isinstance(data, list) and all(isinstance(row, dict) for row in data):
-        return datasets.Dataset.from_list(data)
+        # check prompts before Arrow does: it rejects mixed types with messages naming no row
+        if all(PROMPT_COLUMN in row for row in data):
+            check_prompts([row[PROMPT_COLUMN] for row in data])
+        try:
+            return datasets.Dataset.from_list(data)
+        except (TypeError, ValueError, ArithmeticError) as error:  # pyarrow's errors derive from these
+            raise ValueError(
+                f"the rows do not form a table ({type(error).__name__}: {error}); give every row the same "
+                "columns with one type per column"
+            ) from error
     if isinstance(data, str | os.PathLike):
         return _load_path(Path(data), split, name)
     raise ValueError(f"cannot load prompts from {type(data).__name__}; give {ACCEPTED_DATA}")
@@ -90,6 +99,11 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
                 f"failed ({type(error).__name__}: {error}). Check the path, or the hub id and network"
             ) from error
     if path.is_dir():
+        if not any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            raise ValueError(
+                f"{str(path)!r} is a folder but not one written by Dataset.save_to_disk; give such a folder "
+                "or a .json, .jsonl or .parquet file"
+            )
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             return _take_split(loaded, split)
@@ -97,7 +111,16 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
     builder = _FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
         raise ValueError(f"cannot load prompts from a {path.suffix or 'suffix-less'} file; give {ACCEPTED_DATA}")
-    return datasets.load_dataset(builder, data_files=str(path), split="train")
+    if path.stat().st_size == 0:
+        raise ValueError(f"prompt data file {str(path)!r} is empty; give a file with one prompt per row")
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as error:  # malformed JSON lines, an empty file, a broken parquet file
+        cause = error.__cause__ or error
+        raise ValueError(
+            f"could not read {str(path)!r} as {path.suffix[1:]} ({type(cause).__name__}: {cause}); "
+            "check that it is a valid, non-empty file with a `prompt` column"
+        ) from error
 
 
 # ---------------------------------------------------------------------------- validation
@@ -113,16 +136,15 @@ def validate_prompt_dataset(dataset: datasets.Dataset) -> None:
     if PROMPT_COLUMN not in dataset.column_names:
         columns = ", ".join(dataset.column_names)
         raise ValueError(f"dataset has no `prompt` column (columns: {columns}); rename the prompt column to `prompt`")
-    first_error: str | None = None
-    num_bad = 0
-    for index, prompt in enumerate(dataset[PROMPT_COLUMN]):
-        problem = prompt_problem(prompt)
-        if problem is not None:
-            num_bad += 1
-            if first_error is None:
-                first_error = f"row {index}: {problem}"
-    if first_error is not None:
-        raise ValueError(f"invalid prompt in {first_error} ({num_bad} of {len(dataset)} rows are invalid)")
+    check_prompts(dataset[PROMPT_COLUMN])
+
+
+def check_prompts(prompts: list[Any]) -> None:
+    """Raise ``ValueError`` naming the first bad prompt's row and how many rows are bad."""
+    bad = [(index, problem) for index, prompt in enumerate(prompts) if (problem := prompt_problem(prompt))]
+    if bad:
+        index, problem = bad[0]
+        raise ValueError(f"invalid prompt in row {index}: {problem} ({len(bad)} of {len(prompts)} rows are invalid)")
 
 
 def prompt_problem(prompt: Any) -> str | None:

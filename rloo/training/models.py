@@ -54,6 +54,11 @@ def load_tokenizer(
     Padding is on the left, as generation needs.
     """
     tokenizer = processing_class
+    if tokenizer is not None and not hasattr(tokenizer, "batch_decode"):
+        raise ValueError(
+            f"processing_class must be a tokenizer, got a {type(tokenizer).__name__}; load one with "
+            f"AutoTokenizer.from_pretrained({tokenizer!r}) or leave it None to use the model's"
+        )
     if tokenizer is None:
         source = model if isinstance(model, str) else model.config.name_or_path
         if not source:
@@ -152,6 +157,11 @@ def prepare_policy(
 ) -> tuple[nn.Module, nn.Module | None]:
     """``(policy, reference)``: the policy loaded, dropout off, PEFT-wrapped and checkpointed
     as asked, and the frozen reference :func:`build_reference` gives (None when not needed)."""
+    if peft_config is not None and not hasattr(peft_config, "peft_type"):
+        raise ValueError(
+            f"peft_config must be a peft config such as peft.LoraConfig(r=16, lora_alpha=32, ...), got a "
+            f"{type(peft_config).__name__}; a run file's `peft:` mapping is converted for you"
+        )
     policy: nn.Module = load_policy(model, init_kwargs)
     if no_dropout:
         disable_dropout(policy)
