@@ -125,3 +125,18 @@ def test_resuming_with_another_batch_shape_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"trained with seed=0, this run has seed=1"):
         trainer(tmp_path, max_steps=3, seed=1).train(resume_from_checkpoint=True)
     trainer(tmp_path, max_steps=3, learning_rate=0.5).train(resume_from_checkpoint=True)  # not batch-shaping
+
+
+def test_what_a_killed_write_left_is_tidied_before_resuming(tmp_path: Path) -> None:
+    # a kill between moving checkpoint-2 aside and renaming its replacement in: the whole old
+    # one comes back; a half-deleted folder and a partial new checkpoint go
+    trainer(tmp_path, max_steps=2, save_steps=1).train()
+    run = tmp_path / "run"
+    (run / "checkpoint-2").rename(run / "old-checkpoint-2")
+    (run / "tmp-checkpoint-3").mkdir()
+    (run / "deleting-checkpoint-1").mkdir()
+    resumed = trainer(tmp_path, max_steps=3, save_steps=1)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    assert checkpoint_names(run) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert not [p.name for p in run.iterdir() if p.name.startswith(("old-", "tmp-", "deleting-"))]

@@ -132,7 +132,7 @@ def save_checkpoint(
         os.replace(final, old)
     os.replace(tmp, final)
     if old.exists():
-        shutil.rmtree(old)
+        remove_folder(old)
     rotate_checkpoints(output_dir, save_total_limit)
     return final
 
@@ -160,11 +160,42 @@ def rotate_checkpoints(output_dir: Path, save_total_limit: int | None) -> None:
         return
     checkpoints = list_checkpoints(output_dir)
     for path in checkpoints[: max(0, len(checkpoints) - save_total_limit)]:
-        shutil.rmtree(path)
+        remove_folder(path)
+
+
+def remove_folder(path: Path) -> None:
+    """Delete ``path`` so that a kill midway never leaves a partial folder under its name: it is
+    renamed to ``deleting-<name>`` (atomic) first, and :func:`tidy_interrupted_writes` finishes it."""
+    doomed = path.with_name(f"deleting-{path.name}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def tidy_interrupted_writes(output_dir: Path) -> None:
+    """Finish what a killed run left: half-deleted folders go, a partial ``tmp-checkpoint-N``
+    goes, and an ``old-checkpoint-N`` whose replacement never arrived becomes ``checkpoint-N``
+    again (whole: it was complete when it was moved aside)."""
+    if not output_dir.is_dir():
+        return
+    for path in sorted(output_dir.iterdir()):
+        if not path.is_dir():
+            continue
+        if path.name.startswith(("deleting-", "tmp-checkpoint-")):
+            shutil.rmtree(path)
+        elif path.name.startswith("old-checkpoint-"):
+            current = path.with_name(path.name.removeprefix("old-"))
+            if current.exists():
+                remove_folder(path)
+            else:
+                os.replace(path, current)
 
 
 def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
-    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder."""
+    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder.
+
+    First tidies what a killed run may have left in ``output_dir`` (:func:`tidy_interrupted_writes`).
+    """
+    tidy_interrupted_writes(output_dir)
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
     if resume_from_checkpoint is True:

@@ -13,14 +13,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rloo.training.checkpoints import CHECKPOINT_PATTERN, list_checkpoints
+from rloo.training.checkpoints import CHECKPOINT_PATTERN, list_checkpoints, remove_folder
 
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
 LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log")
@@ -77,7 +76,7 @@ def prepare_resume(output_dir: Path, checkpoint: Path, config: dict[str, Any], c
             "overwrite_output_dir=True to delete them (nothing was changed)"
         )
     for path in newer:
-        shutil.rmtree(path)
+        remove_folder(path)
         console.print(f"removed {path.name}, newer than {checkpoint.name} (overwrite_output_dir=True)")
 
 
