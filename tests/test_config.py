@@ -437,3 +437,13 @@ def test_replace_lets_the_preset_fill_the_knobs_again() -> None:
     assert grpo.algorithm.advantage_estimator == "grpo" and grpo.loss_aggregation == "seq_mean_token_mean"
     assert grpo.beta == 0.1  # set by hand, so it still wins
     assert RLOOConfig().replace(preset="grpo").beta == 0.04
+
+
+def test_numpy_numbers_are_accepted_as_plain_numbers() -> None:
+    # the type check takes any real number; config.yaml can only hold plain ones
+    import numpy as np
+    import yaml
+
+    config = RLOOConfig(learning_rate=np.float64(2e-5), per_device_train_batch_size=np.int64(8))
+    assert type(config.learning_rate) is float and type(config.per_device_train_batch_size) is int
+    assert "per_device_train_batch_size: 8" in yaml.safe_dump(config.to_dict())

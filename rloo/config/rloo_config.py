@@ -16,6 +16,7 @@ Departures, on purpose:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -298,6 +299,10 @@ class RLOOConfig:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
+        for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
+            value = getattr(self, name)
+            if isinstance(value, numbers.Number) and not isinstance(value, int | float | complex):
+                self._set(name, value.item() if hasattr(value, "item") else value)
         if isinstance(self.report_to, str):
             self._set("report_to", [self.report_to])
         if self.reward_clip_range is not None:
