@@ -301,8 +301,8 @@ class RLOOConfig:
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
             value = getattr(self, name)
-            if isinstance(value, numbers.Number) and not isinstance(value, int | float | complex):
-                self._set(name, value.item() if hasattr(value, "item") else value)
+            if isinstance(value, numbers.Number) and type(value) not in (int, float, bool) and hasattr(value, "item"):
+                self._set(name, value.item())
         if isinstance(self.report_to, str):
             self._set("report_to", [self.report_to])
         if self.reward_clip_range is not None:
