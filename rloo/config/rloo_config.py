@@ -300,7 +300,7 @@ class RLOOConfig:
 
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
-            value = getattr(self, name)
+            value: Any = getattr(self, name)
             if isinstance(value, numbers.Number) and type(value) not in (int, float, bool) and hasattr(value, "item"):
                 self._set(name, value.item())
         if isinstance(self.report_to, str):
