@@ -301,7 +301,7 @@ class RLOOConfig:
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
             value: Any = getattr(self, name)
-            if isinstance(value, numbers.Number) and type(value) not in (int, float, bool) and hasattr(value, "item"):
+            if type(value) not in (int, float, bool) and isinstance(value, numbers.Number) and hasattr(value, "item"):
                 self._set(name, value.item())
         if isinstance(self.report_to, str):
             self._set("report_to", [self.report_to])
