@@ -6,13 +6,14 @@ first call (torch warm-up) does not make a property test flaky.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from rloo.tiny import build_char_tokenizer
+from rloo.tiny import build_char_tokenizer, save_tiny_model
 from tests.helpers.models import peaked_tiny_llama, tiny_reward_model
 
 settings.register_profile(
@@ -45,3 +46,14 @@ def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tiny_reward_model(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model folder and a JSONL dataset of one-digit additions (shared, read-only)."""
+    root = tmp_path_factory.mktemp("inputs")
+    model = save_tiny_model(root / "model", chars="0123456789+= ")
+    data = root / "sums.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"model": model, "data": data}

@@ -9,7 +9,6 @@ of them fail before any training step, on a tiny local model (offline, CPU).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ from typer.testing import CliRunner, Result
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.cli import app
 from rloo.rewards.calling import RewardFunctionError
-from rloo.tiny import save_tiny_model
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, tiny_reward_model
 
 runner = CliRunner()
@@ -39,17 +37,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny model folder and a JSONL dataset of one-digit additions (shared, read-only)."""
-    root = tmp_path_factory.mktemp("inputs")
-    model = save_tiny_model(root / "model", chars="0123456789+= ")
-    data = root / "sums.jsonl"
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return {"model": model, "data": data}
 
 
 def invoke(*args: str | Path) -> Result:

@@ -17,7 +17,6 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from rloo.cli import app
-from rloo.tiny import save_tiny_model
 
 runner = CliRunner()
 
@@ -58,17 +57,6 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def metrics_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny model folder and a JSONL dataset of one-digit additions (shared, read-only)."""
-    root = tmp_path_factory.mktemp("inputs")
-    model = save_tiny_model(root / "model", chars="0123456789+= ")
-    data = root / "sums.jsonl"
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return {"model": model, "data": data}
 
 
 def run_file(folder: Path, files: dict[str, Path], **values: Any) -> Path:
