@@ -218,24 +218,54 @@ class SlowTwo:
         return [None, 2.0, None]
 
 
+class Rendezvous:
+    """Async reward functions that each wait until all of them have started: they can only
+    finish if the scorer runs them concurrently (a timing assertion would flake on a busy machine)."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties, self.started = parties, 0
+
+    async def wait(self) -> None:
+        self.started += 1
+        for _ in range(1000):  # 10 s at most, then fail rather than hang
+            if self.started >= self.parties:
+                return
+            await asyncio.sleep(0.01)
+        raise TimeoutError("the async reward functions were not run concurrently")
+
+
+def concurrent_pair() -> tuple[Any, Any]:
+    """A function and a callable object, both async, that only return when run together."""
+    meeting = Rendezvous(2)
+
+    async def slow_one(completions: list[str], **kwargs: Any) -> list[float]:
+        await meeting.wait()
+        return [1.0] * len(completions)
+
+    class SlowTwo:
+        async def __call__(self, completions: list[str], **kwargs: Any) -> list[float | None]:
+            await meeting.wait()
+            return [None, 2.0, None]
+
+    return slow_one, SlowTwo()
+
+
 def test_async_functions_run_concurrently_in_order_of_results() -> None:
-    start = time.perf_counter()
-    out = score([slow_one, length, SlowTwo()])
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.35, f"two 0.2 s async reward functions took {elapsed:.2f} s: not concurrent"
+    one, two = concurrent_pair()
+    out = score([one, length, two])
     nan = math.nan
     expected = torch.tensor([[1.0, 1.0, nan], [1.0, 1.0, 2.0], [1.0, 1.0, nan]])
     torch.testing.assert_close(out.values, expected, rtol=0, atol=0, equal_nan=True)
 
 
 def test_async_inside_a_running_event_loop() -> None:
+    one, two = concurrent_pair()
+
     async def caller() -> RewardScores:
         # A notebook or async server: this thread's loop is busy, so a fresh thread runs them.
-        return score([slow_one, SlowTwo()])
+        return score([one, two])
 
-    start = time.perf_counter()
     out = asyncio.run(caller())
-    assert time.perf_counter() - start < 0.35
     assert out.values[:, 0].tolist() == [1.0, 1.0, 1.0]
     assert out.values[1, 1].item() == 2.0
 
