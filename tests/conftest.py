@@ -7,10 +7,12 @@ first call (torch warm-up) does not make a property test flaky.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 from rloo.tiny import build_char_tokenizer, save_tiny_model
@@ -57,3 +59,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {"model": model, "data": data}
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from a second thread, and run much slower with two when another
+    process holds a core (torch's threads spin-wait on each other). Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -10,42 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pytest
-import torch
 import yaml
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.cli import app
 from rloo.rewards.calling import RewardFunctionError
+from tests.helpers.cli import flat, invoke
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, tiny_reward_model
 
-runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")
 DROP = object()  # a run_file() value: leave this key out of the run file
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from a second thread, and slow down a lot when another process
-    holds a core (torch's threads spin-wait on each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def invoke(*args: str | Path) -> Result:
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    """Rich wraps long lines at 80 columns; compare messages with whitespace collapsed."""
-    return " ".join(text.split())
 
 
 def assert_usage_error(result: Result, *parts: str) -> str:

@@ -6,38 +6,16 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 from click.testing import Result
-from typer.testing import CliRunner
 
-from rloo.cli import app
+from tests.helpers.cli import flat, invoke
 
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from a second thread, and run 50x slower with one when another
-    process holds a core (torch's threads spin-wait on each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def invoke(*args: str | Path) -> Result:
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    """Rich wraps long lines at 80 columns; compare messages with whitespace collapsed."""
-    return " ".join(text.split())
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def succeeded(result: Result) -> bool:
