@@ -104,11 +104,13 @@ class Plan:
     delay: float = 0.0
 
 
-def choose_plan(rng: random.Random, remaining: int) -> Plan:
-    """A kill that comes before the run can complete; ``remaining``: checkpoints still to write."""
+def choose_plan(rng: random.Random, remaining: int, want_write: bool = False) -> Plan:
+    """A kill that comes before the run can complete; ``remaining``: checkpoints still to write.
+    ``want_write``: too few kills have landed during a write yet (a write kill can miss the ~15 ms
+    window on a loaded machine), so prefer write kills while checkpoints remain."""
     kinds = ["startup"]
     if remaining >= 1:
-        kinds += ["write", "write"]
+        kinds += ["write"] * (6 if want_write else 2)
     if remaining >= 3:
         kinds += ["step"]
     kind = rng.choice(kinds)
@@ -239,7 +241,8 @@ def kill_until_done(run_file: Path, overrides: list[str], output_dir: Path, seed
         newest = max(found, default=0)
         leftovers = [n for n in os.listdir(output_dir) if n.startswith("tmp-")] if output_dir.is_dir() else []
         if tally.kills < KILLS:
-            plan: Plan | None = choose_plan(rng, (MAX_STEPS - newest) // per_checkpoint)
+            remaining = (MAX_STEPS - newest) // per_checkpoint
+            plan: Plan | None = choose_plan(rng, remaining, want_write=tally.during_write < 3)
         elif not final_tried:
             plan, final_tried = Plan("final", delay=rng.uniform(0.0, 2.0)), True
         else:

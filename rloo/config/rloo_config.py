@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from rloo.config.frozen import FrozenAfterInit
+from rloo.config.health import resolve_health_thresholds
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.validation import fail, validate
-from rloo.suggest import unknown_name_error
 
 
 def option(default: Any, help: str, *, trl: str | None = None) -> Any:
@@ -34,7 +35,7 @@ def option(default: Any, help: str, *, trl: str | None = None) -> Any:
 
 
 @dataclass
-class RLOOConfig:
+class RLOOConfig(FrozenAfterInit):
     """Configuration of an RLOO run. Invalid values raise ``ValueError`` naming the field."""
 
     # --- run ---
@@ -217,6 +218,12 @@ class RLOOConfig:
     max_grad_norm: float = option(
         1.0, "Clip the global gradient norm to this, >= 0; 0 disables clipping.", trl="max_grad_norm"
     )
+    health_thresholds: Mapping[str, float] = option(
+        None,
+        "Live health monitors (length/KL/reward/entropy collapse, train up eval down, loss spikes): thresholds "
+        "by name over the defaults (README: Health monitors); 0 turns one off. A firing monitor warns.",
+        trl=None,
+    )
     max_nonfinite_steps: int = option(
         3,
         "An optimizer step whose loss or gradient is NaN/inf is skipped (no update), counted in "
@@ -290,14 +297,6 @@ class RLOOConfig:
     _given: dict[str, Any] = field(init=False, repr=False, compare=False)
     _frozen: bool = field(init=False, repr=False, compare=False, default=False)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> RLOOConfig:
-        # an unknown keyword gets the closest field name, not Python's bare TypeError
-        names = cls.field_names()
-        for key in kwargs:
-            if key not in names:
-                raise unknown_name_error("RLOOConfig field", key, names)
-        return super().__new__(cls)
-
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
             value: Any = getattr(self, name)
@@ -307,6 +306,7 @@ class RLOOConfig:
             self._set("report_to", [self.report_to])
         if self.reward_clip_range is not None:
             self._set("reward_clip_range", tuple(self.reward_clip_range))
+        self._set("health_thresholds", MappingProxyType(resolve_health_thresholds(self.health_thresholds)))
         # the preset knobs as the user gave them (None = from the preset), for replace()
         self._set("_given", {key: getattr(self, key) for key in PRESET_KEYS})
         if self.preset not in PRESETS:
@@ -323,21 +323,7 @@ class RLOOConfig:
                 self._set(name, tuple(getattr(self, name)))
         if self.model_init_kwargs is not None:
             self._set("model_init_kwargs", MappingProxyType(dict(self.model_init_kwargs)))
-        self._set("_frozen", True)
-
-    def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if self.__dict__.get("_frozen", False):
-            raise dataclasses.FrozenInstanceError(
-                f"RLOOConfig is frozen once validated (the trainer and config.yaml must see the same values); "
-                f"cannot set `{name}`. Build a changed copy with `args.replace({name}=...)`"
-            )
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"RLOOConfig is frozen once validated; cannot delete `{name}`")
+        self._freeze()
 
     def replace(self, **changes: Any) -> RLOOConfig:
         """A new, validated config with ``changes``; unset algorithm knobs follow its preset again.

@@ -234,6 +234,16 @@ def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return trainer_state, load_state(path, TRAINING_STATE)
 
 
+def restore_checkpoint(
+    path: Path, model: nn.Module, optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any
+) -> dict[str, Any]:
+    """Load a checkpoint's weights and training state in place; returns its trainer state."""
+    trainer_state, training_state = load_checkpoint_states(path)
+    load_model_weights(model, path)
+    restore_training_state(training_state, optimizer, scheduler, generator, sampler)
+    return trainer_state
+
+
 def load_model_weights(model: nn.Module, folder: Path) -> None:
     """Load ``folder``'s safetensors into ``model`` in place.
 

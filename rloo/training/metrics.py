@@ -64,6 +64,8 @@ def generation_metrics(
     metrics.update(completion_metrics(scored.rollout))
     metrics.update(advantage_metrics(advantages, combined.scorable))
     metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, group_ids, combined.scorable)
+    # the same of the task rewards alone: the KL penalty breaks ties and hides a reward collapse
+    metrics["frac_task_reward_zero_std"] = frac_zero_std_groups(combined.rewards, group_ids, combined.scorable)
     metrics["prompts/truncated"] = float(scored.num_truncated_prompts)
     metrics["prompts/max_length"] = float(scored.rollout.prompt_mask.sum(dim=1).max())
     metrics["timing/generate"], metrics["timing/score"] = scored.generate_seconds, scored.score_seconds

@@ -25,6 +25,12 @@ RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warn
 LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log")
 
 
+def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:
+    """``config.yaml``: the run file as given (when trained by ``rloo train``) with every
+    ``RLOOConfig`` field as resolved."""
+    return yaml.safe_dump(config if run_config is None else {**run_config, **config}, sort_keys=False)
+
+
 def earlier_run_files(output_dir: Path) -> list[str]:
     """Names in ``output_dir`` that an earlier run wrote (checkpoints first)."""
     if not output_dir.is_dir():

@@ -26,6 +26,7 @@ class TrainerState:
     num_input_tokens_seen: int = 0
     num_groups_seen: int = 0
     log_history: list[dict[str, float]] = field(default_factory=list)
+    health: dict[str, Any] = field(default_factory=dict)  # what the health monitors remember
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +111,15 @@ def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
         method = getattr(callback, event, None)
         if method is not None:
             method(*args)
+
+
+def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int) -> str:
+    """The start-up line: parameters, device and the batch shape."""
+    trainable, total = parameters
+    return (
+        f"model: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
+        f"{args.prompts_per_generation} prompts x {args.num_generations} completions per generation"
+    )
 
 
 def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from rich.console import Console
@@ -44,6 +43,7 @@ from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows, plan_passes, take_rows, trainable_rows
 from rloo.training.guards import SKIPPED_STEP, NonFiniteGuard, require_finite_weights
+from rloo.training.health import Alert, HealthMonitor
 from rloo.training.metrics import (
     batch_warnings,
     eval_metrics,
@@ -62,7 +62,7 @@ from rloo.training.models import (
 from rloo.training.optimization import build_optimizer, total_steps, zero_grads_if_none
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings, pass_loss
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
-from rloo.training.run_folder import keep_completions_until, prepare_fresh_run, prepare_resume
+from rloo.training.run_folder import config_yaml, keep_completions_until, prepare_fresh_run, prepare_resume
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
@@ -70,6 +70,7 @@ from rloo.training.tracking import (
     log_line,
     mean_metrics,
     run_callbacks,
+    run_summary,
 )
 
 
@@ -136,6 +137,7 @@ class RLOOTrainer:
         self._warnings = RunWarnings(self.output_dir, self.console)
         self._stop = StopRequest()
         self._nonfinite = NonFiniteGuard(args.max_nonfinite_steps)
+        self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
 
     @property
@@ -156,7 +158,7 @@ class RLOOTrainer:
             self.sink.rewrite(self.state.log_history)
             keep_completions_until(self.output_dir, self.state.global_step)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.yaml").write_text(self._config_yaml())
+        (self.output_dir / "config.yaml").write_text(config_yaml(self.args.to_dict(), self.run_config))
         self._announce()
         run_callbacks(self.callbacks, "on_train_begin", self)
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
@@ -181,13 +183,9 @@ class RLOOTrainer:
         return self.state
 
     def _announce(self) -> None:
-        trainable, total = count_parameters(self.model)
         self.console.print(self.args.describe_algorithm())
-        self.console.print(
-            f"model: {trainable:,} trainable / {total:,} parameters on {self.accelerator.device} "
-            f"({self.accelerator.mixed_precision}); {self.state.max_steps} steps of "
-            f"{self.args.prompts_per_generation} prompts x {self.args.num_generations} completions per generation"
-        )
+        where = f"{self.accelerator.device} ({self.accelerator.mixed_precision})"
+        self.console.print(run_summary(self.args, count_parameters(self.model), where, self.state.max_steps))
 
     # ------------------------------------------------------------------ phases 1-4
     def _generate_and_score(self) -> TrainBatch:
@@ -324,6 +322,7 @@ class RLOOTrainer:
             step_timing(metrics, time.perf_counter() - step_start, batch, args.optimizer_steps_per_generation)
         )
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
+        self._raise_alerts(self.health.observe_step(state.health, state.global_step, metrics), metrics)
         self._window.append(metrics)
         self.progress.update(state.global_step, metrics)
         run_callbacks(self.callbacks, "on_step_end", self)
@@ -331,9 +330,16 @@ class RLOOTrainer:
             self._log(mean_metrics(self._window))
             self._window = []
         if args.eval_steps and self.eval_dataset is not None and state.global_step % args.eval_steps == 0:
-            self._log(self.evaluate())
+            logs = self.evaluate()
+            self._raise_alerts(self.health.observe_eval(state.health, state.global_step, logs["eval_reward"]), logs)
+            self._log(logs)
         if state.global_step % args.save_steps == 0:
             self._checkpoint_due = True  # written once this generation batch is used up
+
+    def _raise_alerts(self, alerts: list[Alert], metrics: dict[str, float]) -> None:
+        for alert in alerts:  # health monitors: flagged in the metrics, warned on the console
+            metrics[alert.metric] = 1.0
+            self.warn(alert.message)
 
     def _log(self, metrics: dict[str, float]) -> None:
         logs = {"step": float(self.state.global_step), "epoch": self.state.epoch, **metrics}
@@ -341,10 +347,6 @@ class RLOOTrainer:
         self.sink.write(logs)
         self.console.print(log_line(self.state.global_step, self.state.max_steps, logs))
         run_callbacks(self.callbacks, "on_log", self, logs)
-
-    def _config_yaml(self) -> str:
-        values = self.args.to_dict() if self.run_config is None else {**self.run_config, **self.args.to_dict()}
-        return yaml.safe_dump(values, sort_keys=False)
 
     def warn(self, message: str) -> None:
         """Print a warning once and append it to ``output_dir/warnings.log`` (shown in the report)."""
@@ -360,26 +362,22 @@ class RLOOTrainer:
             tokenizer=self.processing_class,
             training_state=checkpoints.training_state(self.optimizer, self.scheduler, self.generator, self.sampler),
             trainer_state=self.state.to_dict(),
-            config_yaml=self._config_yaml(),
+            config_yaml=config_yaml(self.args.to_dict(), self.run_config),
             save_total_limit=self.args.save_total_limit,
         )
         run_callbacks(self.callbacks, "on_save", self, path)
         return path
 
     def _load_checkpoint(self, path: Path) -> None:
-        trainer_state, training_state = checkpoints.load_checkpoint_states(path)
-        checkpoints.load_model_weights(self.unwrapped_model, path)
-        checkpoints.restore_training_state(training_state, self.optimizer, self.scheduler, self.generator, self.sampler)
+        objects = (self.optimizer, self.scheduler, self.generator, self.sampler)
+        trainer_state = checkpoints.restore_checkpoint(path, self.unwrapped_model, *objects)
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 
     # ------------------------------------------------------------------ public helpers
     def evaluate(self) -> dict[str, float]:
-        """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics.
-
-        Uses its own random generator and group ids and leaves the trainer state alone, so
-        evaluating does not change the training run.
-        """
+        """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics; with its own
+        generator and group ids, it leaves the trainer state and so the training run alone."""
         if self.eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
         generator = torch.Generator(device=self.accelerator.device).manual_seed(self.args.seed + 1)

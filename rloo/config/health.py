@@ -1,0 +1,77 @@
+"""The thresholds of the live health monitors (:mod:`rloo.training.health`), one mapping.
+
+``RLOOConfig.health_thresholds`` takes any subset of :data:`HEALTH_THRESHOLDS`' keys; the
+rest keep their defaults, and the resolved mapping (all keys) is what ``config.yaml`` records.
+A threshold of 0 turns its monitor off. Readings are means over the last ``window`` optimizer
+steps; the "baseline" of a ratio is the mean over the run's first ``window`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from rloo.suggest import unknown_name_error
+
+# key -> (default, what it means); README's "Health monitors" table is this mapping
+HEALTH_THRESHOLDS: Mapping[str, tuple[float, str]] = {
+    "window": (5, "optimizer steps per reading (an integer >= 1); the baseline is the first window"),
+    "length_explosion": (2.0, "mean completion length >= this x its baseline"),
+    "length_collapse": (0.25, "mean completion length <= this x its baseline"),
+    "kl_explosion": (1.0, "mean per-token KL to the reference >= this (nats; only when beta > 0)"),
+    "reward_collapse": (
+        0.9,
+        "fraction of groups whose completions all got the same *task* reward (before KL) >= this",
+    ),
+    "entropy_collapse": (0.1, "mean token entropy <= this x its baseline"),
+    "train_up_eval_down": (
+        0.05,
+        "since the best evaluation, eval_reward fell and the train reward rose, each by >= this (reward units)",
+    ),
+    "loss_spike": (
+        10.0,
+        "a step's grad_norm (before clipping) is further from the median of the previous window than this "
+        "x their median absolute deviation",
+    ),
+}
+
+
+def default_health_thresholds() -> dict[str, float]:
+    return {key: default for key, (default, _) in HEALTH_THRESHOLDS.items()}
+
+
+def resolve_health_thresholds(given: Mapping[str, Any] | None) -> dict[str, float]:
+    """``given`` over the defaults, checked: known keys, finite numbers >= 0, ``window`` an int >= 1.
+
+    Raises ``ValueError`` naming ``health_thresholds.<key>`` and the fix."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ValueError(
+            f"RLOOConfig.health_thresholds={given!r} is invalid: give a mapping of monitor names to thresholds, "
+            f"e.g. {{'kl_explosion': 0.5}}, or None for the defaults"
+        )
+    resolved = default_health_thresholds()
+    for key, value in (given or {}).items():
+        if key not in HEALTH_THRESHOLDS:
+            raise unknown_name_error(
+                "health monitor", key, HEALTH_THRESHOLDS, where="RLOOConfig.health_thresholds.", list_choices=True
+            )
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"RLOOConfig.health_thresholds.{key}={value!r} is invalid: give a finite number >= 0 "
+                f"(0 turns the monitor off; default {HEALTH_THRESHOLDS[key][0]})"
+            )
+        if key == "window" and (not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(
+                f"RLOOConfig.health_thresholds.window={value!r} is invalid: give a whole number of steps >= 1"
+            )
+        resolved[key] = int(value) if key == "window" else float(value)
+    return resolved
+
+
+def thresholds_markdown() -> str:
+    """The README table of the monitors' thresholds."""
+    rows = [f"| `{key}` | {default} | {text} |" for key, (default, text) in HEALTH_THRESHOLDS.items()]
+    return "\n".join(["| key | default | fires when |", "|---|---|---|", *rows])

@@ -1,0 +1,215 @@
+"""Live health monitors: the seeds' troubleshooting table, checked while a run trains.
+
+Each monitor watches per-step metrics and fires when its symptom appears; a firing monitor
+prints a warning naming the seed's fix (also appended to ``warnings.log``, which the report
+shows) and sets ``health/<monitor> = 1`` in that step's metrics (``metrics.jsonl``). It fires
+once when its condition becomes true and again only after the condition has cleared, so a
+lasting symptom is one warning, not one per step.
+
+========================  ===========================================================
+monitor                   fires when (thresholds: ``RLOOConfig.health_thresholds``)
+========================  ===========================================================
+``length_explosion``      mean completion length over the last window >= ratio x baseline
+``length_collapse``       ... <= ratio x baseline (empty outputs)
+``kl_explosion``          mean per-token KL to the reference over the last window >= limit
+``reward_collapse``       fraction of groups whose completions all got the same *task*
+                          reward >= limit (``frac_task_reward_zero_std``: before the KL
+                          penalty, which breaks ties and hides a collapse from
+                          ``frac_reward_zero_std``)
+``entropy_collapse``      mean token entropy over the last window <= ratio x baseline
+``train_up_eval_down``    since the best evaluation, ``eval_reward`` fell and the train
+                          reward (last window) rose, each by >= delta
+``loss_spike``            a step's ``grad_norm`` (before clipping) is further than
+                          factor x MAD from the median of the previous window
+========================  ===========================================================
+
+``loss_spike`` reads the gradient norm, not the loss: the policy-gradient loss is ~0 by
+construction (advantages are zero-mean within a group, and the ratio is 1 on the first pass),
+so its value is float noise whose "spikes" mean nothing; the gradient it produces is what
+spikes when an update goes wild.
+
+The baseline of a ratio is the mean over the run's first ``window`` steps; ratio monitors
+start once the last window no longer overlaps it. Everything the monitors remember is a
+plain dict kept in ``TrainerState.health``, so a resumed run monitors as the uninterrupted one.
+Pure Python: no tensors, so each rule is tested on hand-made series as well as on tiny runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# monitor -> the fix, from the seeds' troubleshooting sections
+FIXES: Mapping[str, str] = {
+    "length_explosion": "raise beta (too low a KL lets the policy drift), add a length penalty "
+    "(the `length` reward), or restart with a lower learning_rate",
+    "length_collapse": "raise beta (too low a KL lets the policy drift), check that the reward does not favour "
+    "short or empty answers, or restart with a lower learning_rate",
+    "kl_explosion": "raise beta (e.g. 0.1), lower learning_rate, and evaluate more often",
+    "reward_collapse": "check that the reward function tells completions apart, raise temperature, use more "
+    "diverse prompts (expected once the task is solved)",
+    "entropy_collapse": "raise temperature or beta, lower learning_rate; entropy_coef > 0 rewards exploration",
+    "train_up_eval_down": "likely reward hacking: raise beta, and make the reward strict so format tricks "
+    "cannot game it",
+    "loss_spike": "raise num_generations (a better baseline) or gradient_accumulation_steps (a larger batch), "
+    "lower learning_rate",
+}
+
+# short name -> the per-step metric it follows
+SERIES: Mapping[str, str] = {
+    "length": "completions/mean_length",
+    "kl": "kl",
+    "task_zero_std": "frac_task_reward_zero_std",
+    "entropy": "entropy",
+    "grad_norm": "grad_norm",
+    "reward": "reward",
+}
+SPIKE_SERIES = ("grad_norm",)
+TINY = 1e-6  # a series whose typical magnitude is below this has no scale to spike against
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    message: str
+
+    @property
+    def metric(self) -> str:
+        return f"health/{self.name}"
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def spike(previous: list[float], value: float, factor: float) -> float | None:
+    """How far ``value`` is from ``median(previous)``, in units of the scale
+    ``max(MAD(previous), 0.1 * median(|previous|))``, when that exceeds ``factor``; else None.
+
+    ``MAD`` is the median absolute deviation. Returns None when the series has no scale
+    (``median(|previous|) < 1e-6``, e.g. a gradient that is exactly 0 when no group has signal)."""
+    typical = statistics.median(abs(v) for v in previous)
+    if typical < TINY:
+        return None
+    center = statistics.median(previous)
+    scale = max(statistics.median(abs(v - center) for v in previous), 0.1 * typical)
+    distance = abs(value - center) / scale
+    return distance if distance > factor else None
+
+
+class HealthMonitor:
+    """The monitors of one run; ``thresholds`` is the resolved ``RLOOConfig.health_thresholds``."""
+
+    def __init__(self, thresholds: Mapping[str, float]) -> None:
+        self.t = dict(thresholds)
+        self.window = int(self.t["window"])
+
+    # ------------------------------------------------------------------ per step
+    def observe_step(self, memory: dict[str, Any], step: int, metrics: Mapping[str, float]) -> list[Alert]:
+        """Record the step's ``metrics`` in ``memory`` (``TrainerState.health``); the alerts that fire."""
+        history = memory.setdefault("history", {})
+        baseline = memory.setdefault("baseline", {})
+        seen = memory.setdefault("seen", {})
+        for short, key in SERIES.items():
+            value = metrics.get(key)
+            if value is None or not math.isfinite(value):
+                continue
+            values = history.setdefault(short, [])
+            values.append(float(value))
+            del values[: -(self.window + 1)]
+            seen[short] = seen.get(short, 0) + 1
+            if seen[short] <= self.window:
+                baseline.setdefault(short, []).append(float(value))
+        conditions = {
+            "length_explosion": self._ratio(memory, "length", "length_explosion", above=True),
+            "length_collapse": self._ratio(memory, "length", "length_collapse", above=False),
+            "kl_explosion": self._level(memory, "kl", "kl_explosion"),
+            "reward_collapse": self._level(memory, "task_zero_std", "reward_collapse"),
+            "entropy_collapse": self._ratio(memory, "entropy", "entropy_collapse", above=False),
+            "loss_spike": self._spike(memory, metrics),
+        }
+        return self._edges(memory, step, conditions)
+
+    def _recent(self, memory: dict[str, Any], short: str) -> float | None:
+        values = memory["history"].get(short, [])
+        return _mean(values[-self.window :]) if len(values) >= self.window else None
+
+    def _ratio(self, memory: dict[str, Any], short: str, name: str, *, above: bool) -> str | None:
+        ratio = self.t[name]
+        base_values = memory["baseline"].get(short, [])
+        if not ratio or memory["seen"].get(short, 0) < 2 * self.window or len(base_values) < self.window:
+            return None
+        base, recent = _mean(base_values), self._recent(memory, short)
+        if recent is None or base <= 0:
+            return None
+        if (recent >= ratio * base) if above else (recent <= ratio * base):
+            what = {"length": "mean completion length", "entropy": "mean token entropy"}[short]
+            return (
+                f"{what} {recent:.3g} over the last {self.window} steps is {recent / base:.2f}x its baseline "
+                f"{base:.3g} (first {self.window} steps; health_thresholds.{name}={ratio:g})"
+            )
+        return None
+
+    def _level(self, memory: dict[str, Any], short: str, name: str) -> str | None:
+        limit, recent = self.t[name], self._recent(memory, short)
+        if not limit or recent is None or recent < limit:
+            return None
+        what = {
+            "kl": "mean per-token KL to the reference",
+            "task_zero_std": "fraction of groups whose completions all got the same task reward",
+        }[short]
+        return f"{what} is {recent:.3g} over the last {self.window} steps (health_thresholds.{name}={limit:g})"
+
+    def _spike(self, memory: dict[str, Any], metrics: Mapping[str, float]) -> str | None:
+        factor = self.t["loss_spike"]
+        if not factor:
+            return None
+        for short in SPIKE_SERIES:
+            values = memory["history"].get(short, [])
+            if len(values) <= self.window or metrics.get(SERIES[short]) is None:
+                continue  # not enough history, or not logged at this step
+            distance = spike(values[:-1], values[-1], factor)
+            if distance is not None:
+                return (
+                    f"{SERIES[short]} {values[-1]:.3g} is {distance:.0f} MADs from the median "
+                    f"{statistics.median(values[:-1]):.3g} of the previous {self.window} steps "
+                    f"(health_thresholds.loss_spike={factor:g})"
+                )
+        return None
+
+    # ------------------------------------------------------------------ per evaluation
+    def observe_eval(self, memory: dict[str, Any], step: int, eval_reward: float) -> list[Alert]:
+        """Compare ``eval_reward`` with the best evaluation so far and the train reward then."""
+        delta = self.t["train_up_eval_down"]
+        memory.setdefault("history", {})
+        train, best = self._recent(memory, "reward"), memory.get("best_eval")
+        condition = None
+        if train is None or not math.isfinite(eval_reward):
+            pass  # nothing to compare yet
+        elif best is None or eval_reward > best[0]:
+            memory["best_eval"] = [eval_reward, train]
+        elif delta and best[0] - eval_reward >= delta and train - best[1] >= delta:
+            condition = (
+                f"eval_reward fell from {best[0]:.3g} to {eval_reward:.3g} while the train reward rose from "
+                f"{best[1]:.3g} to {train:.3g} (health_thresholds.train_up_eval_down={delta:g})"
+            )
+        return self._edges(memory, step, {"train_up_eval_down": condition})
+
+    # ------------------------------------------------------------------ firing
+    @staticmethod
+    def _edges(memory: dict[str, Any], step: int, conditions: Mapping[str, str | None]) -> list[Alert]:
+        """An alert for each condition that became true; a cleared condition re-arms its monitor."""
+        firing = memory.setdefault("firing", [])
+        alerts = []
+        for name, condition in conditions.items():
+            if condition is None:
+                if name in firing:
+                    firing.remove(name)
+            elif name not in firing:
+                firing.append(name)
+                text = f"health: {name.replace('_', ' ')} at step {step}: {condition}. Fix: {FIXES[name]}"
+                alerts.append(Alert(name, text))
+        return alerts
