@@ -32,13 +32,11 @@ def fired(mon: HealthMonitor, series: list[dict[str, float]], memory: dict[str, 
 
 
 # ---------------------------------------------------------------------------- the rules
-def test_spike_is_measured_in_mads_of_the_previous_window() -> None:
-    # median 2; deviations 1,0,1,0,0 -> MAD 0, floored at 0.1 x median|x| = 0.2
-    assert spike([1.0, 2.0, 3.0, 2.0, 2.0], 5.0, 10.0) == pytest.approx(15.0)
-    assert spike([1.0, 2.0, 3.0, 2.0, 2.0], 3.0, 10.0) is None  # 5 scales: not a spike
-    # median 4, deviations 2,0,2 -> MAD 2: 30 is 13 MADs away
-    assert spike([2.0, 4.0, 6.0], 30.0, 10.0) == pytest.approx(13.0)
-    assert spike([0.0, 0.0, 0.0], 1.0, 10.0) is None  # no scale to compare with
+def test_spike_is_a_multiple_of_the_median_of_the_previous_window() -> None:
+    assert spike([1.0, 2.0, 3.0, 2.0, 2.0], 10.0, 5.0) == pytest.approx(5.0)  # median 2
+    assert spike([1.0, 2.0, 3.0, 2.0, 2.0], 9.0, 5.0) is None  # 4.5x: not a spike
+    assert spike([2.0, 4.0, 60.0], 12.0, 5.0) is None  # 3x the median 4 (the mean, 22, would hide more)
+    assert spike([0.0, 0.0, 0.0], 1.0, 5.0) is None  # no scale to compare with
 
 
 def test_length_explosion_fires_once_when_the_recent_mean_doubles_and_rearms() -> None:

@@ -30,11 +30,7 @@ HEALTH_THRESHOLDS: Mapping[str, tuple[float, str]] = {
         0.05,
         "since the best evaluation, eval_reward fell and the train reward rose, each by >= this (reward units)",
     ),
-    "loss_spike": (
-        10.0,
-        "a step's grad_norm (before clipping) is further from the median of the previous window than this "
-        "x their median absolute deviation",
-    ),
+    "loss_spike": (5.0, "a step's grad_norm (before clipping) >= this x the median of the previous window"),
 }
 
 
