@@ -25,6 +25,7 @@ from rloo.rewards.calling import (
 )
 from rloo.rewards.resolve import resolve_rewards
 from rloo.rewards.reward_model import RewardModelScorer
+from rloo.rewards.signatures import check_reward_arguments
 from rloo.tiny import build_char_tokenizer
 from tests.helpers.models import tiny_reward_model
 
@@ -182,12 +183,47 @@ def test_exceptions_are_wrapped_with_the_function_name() -> None:
     assert isinstance(info.value.__cause__, KeyError)
 
 
-def test_missing_kwargs_gets_a_hint() -> None:
+def test_functions_without_kwargs_get_the_arguments_they_name() -> None:
+    seen: dict[str, set[str]] = {}
+
+    def tutorial(completions: list[str], prompts: list[str] | None = None) -> list[float]:
+        seen["tutorial"] = {"completions", "prompts"} if prompts is not None else {"completions"}
+        return [float(c == "2") for c in completions]
+
     def strict(prompts: list[str], completions: list[str]) -> list[float]:
+        return [float(len(p)) for p in prompts]
+
+    def by_column(completions: list[str], *, answer: list[str]) -> list[float]:
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    async def async_strict(completions: list[str]) -> list[float]:
+        return [1.0] * len(completions)
+
+    class ObjectStyle:
+        def __call__(self, completion_ids: list[list[int]]) -> list[float]:
+            return [float(ids[0]) for ids in completion_ids]
+
+    values = score([tutorial, strict, by_column, async_strict, ObjectStyle()]).values
+    assert values.tolist() == [[1.0, 4.0, 1.0, 1.0, 10.0], [0.0, 4.0, 0.0, 1.0, 11.0], [0.0, 4.0, 1.0, 1.0, 12.0]]
+    assert seen["tutorial"] == {"completions", "prompts"}
+
+
+def test_a_function_requiring_an_argument_nobody_gives_is_refused_up_front() -> None:
+    def needs(completions: list[str], solution: list[str], hint: str = "") -> list[float]:
         return [0.0] * len(completions)
 
-    with pytest.raises(RuntimeError, match=r"`strict` failed.*accept them with \*\*kwargs"):
-        score([strict])
+    check_reward_arguments([length], ["length"], [])  # **kwargs: needs nothing
+    with pytest.raises(ValueError, match=r"`needs` requires argument\(s\) solution.*columns: answer, prompt"):
+        RewardFunctions([length, needs]).check_arguments(["prompt", "answer"])
+    RewardFunctions([length, needs]).check_arguments(["prompt", "solution"])
+
+
+def test_a_type_error_inside_a_function_is_still_named() -> None:
+    def broken(completions: list[str]) -> list[float]:
+        return [len(completions) + "x"]  # type: ignore[operator]
+
+    with pytest.raises(RuntimeError, match=r"`broken` failed.*TypeError"):
+        score([broken])
 
 
 def test_inputs_are_checked() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import datasets
 
-from rloo.suggest import unknown_name_error
+from rloo.suggest import did_you_mean, unknown_name_error
 
 PROMPT_COLUMN = "prompt"
 ACCEPTED_DATA = (
@@ -53,6 +53,19 @@ def load_prompt_dataset(data: Any, split: str = "train", name: str | None = None
     dataset = load_dataset(data, split, name)
     validate_prompt_dataset(dataset)
     return dataset
+
+
+def load_train_and_eval(
+    train_dataset: Any, eval_dataset: Any, eval_steps: int | None
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """The trainer's two datasets, checked: a train dataset is required, and ``eval_steps`` needs
+    an eval dataset (as in transformers)."""
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
+    if eval_steps is not None and eval_dataset is None:
+        raise ValueError(f"RLOOConfig.eval_steps={eval_steps} needs an eval_dataset; pass one, or set eval_steps=None")
+    train = load_prompt_dataset(train_dataset)
+    return train, None if eval_dataset is None else load_prompt_dataset(eval_dataset)
 
 
 def load_dataset(data: Any, split: str = "train", name: str | None = None) -> datasets.Dataset:
@@ -165,6 +178,11 @@ def prompt_problem(prompt: Any) -> str | None:
     return None
 
 
+# the roles chat templates know (OpenAI's and Llama's tool roles included); a typo such as
+# "usr" would otherwise be rendered as is, or dropped, by the template without a word
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+
+
 def _message_problem(message: Any) -> str | None:
     if not isinstance(message, dict):
         return f"is a {type(message).__name__}, expected a dict with `role` and `content`"
@@ -172,6 +190,9 @@ def _message_problem(message: Any) -> str | None:
         if not isinstance(message.get(key), str):
             found = "is missing" if message.get(key) is None else f"is a {type(message[key]).__name__}"
             return f"`{key}` {found}; expected a str"
+    if message["role"] not in CHAT_ROLES:
+        hint = did_you_mean(message["role"], CHAT_ROLES).removeprefix("; ")
+        return f"has role {message['role']!r}: use one of {', '.join(CHAT_ROLES)}" + (f" ({hint})" if hint else "")
     return None
 
 

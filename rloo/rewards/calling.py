@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from rloo.algo.advantages import combine_rewards
+from rloo.rewards.signatures import arguments_for, check_reward_arguments
 
 RewardOutput = Sequence[float | None] | Tensor | np.ndarray
 RewardFunc = Callable[..., RewardOutput | Awaitable[RewardOutput]]
@@ -132,8 +133,9 @@ def compute_rewards(
     async_positions = [i for i, f in enumerate(funcs) if is_async_reward_func(f)]
     for i, func in enumerate(funcs):
         if i not in async_positions:
-            results[i] = _call_sync(func, names[i], n, kwargs, policy.timeout)
-    gathered = _run_async([funcs[i] for i in async_positions], kwargs, policy.timeout)
+            results[i] = _call_sync(func, names[i], n, arguments_for(func, kwargs), policy.timeout)
+    async_funcs = [funcs[i] for i in async_positions]
+    gathered = _run_async(async_funcs, [arguments_for(f, kwargs) for f in async_funcs], policy.timeout)
     for i, result in zip(async_positions, gathered, strict=True):
         results[i] = _failure(names[i], n, result, policy.timeout) if isinstance(result, BaseException) else result
     columns_out, failed = [], []
@@ -181,7 +183,7 @@ def _failure(name: str, n: int, error: BaseException, timeout: float | None) -> 
         )
     hint = ""
     if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
-        hint = " (reward functions are called with every dataset column; accept them with **kwargs)"
+        hint = " (check the function's parameters: it gets those it names, every one with **kwargs)"
     failure = RewardFunctionError(
         f"reward function `{name}` failed on a batch of {n} completions: {type(error).__name__}: {error}{hint}; "
         "fix the function, or set reward_error_policy='skip' to score such batches 'does not apply'"
@@ -198,7 +200,7 @@ def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], time
         # A plain function may still hand back an awaitable (e.g. a lambda around a coroutine).
         if inspect.isawaitable(result):
             awaitable = result
-            (result,) = _run_async([lambda: awaitable], {}, None)
+            (result,) = _run_async([lambda: awaitable], [{}], None)
             if isinstance(result, BaseException):
                 raise result
         return result
@@ -230,17 +232,19 @@ def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
     return box["result"]
 
 
-def _run_async(funcs: Sequence[Callable[..., Any]], kwargs: dict[str, Any], timeout: float | None) -> list[Any]:
-    """Await all ``funcs(**kwargs)`` together in one event loop; exceptions are returned, not raised."""
+def _run_async(
+    funcs: Sequence[Callable[..., Any]], kwargs: Sequence[dict[str, Any]], timeout: float | None
+) -> list[Any]:
+    """Await every ``funcs[i](**kwargs[i])`` together in one event loop; exceptions are returned, not raised."""
     if not funcs:
         return []
 
-    async def call(func: Callable[..., Any]) -> Any:
+    async def call(func: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         # Called inside the coroutine so a bad signature is caught per function, too.
-        return await asyncio.wait_for(func(**kwargs), timeout)
+        return await asyncio.wait_for(func(**arguments), timeout)
 
     async def gather() -> list[Any]:
-        return await asyncio.gather(*(call(f) for f in funcs), return_exceptions=True)
+        return await asyncio.gather(*(call(f, a) for f, a in zip(funcs, kwargs, strict=True)), return_exceptions=True)
 
     return _run_coroutine(gather)
 
@@ -337,6 +341,10 @@ class RewardFunctions:
         self.names = reward_func_names(self.funcs)
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.policy = policy
+
+    def check_arguments(self, columns: Sequence[str]) -> None:
+        """Refuse a function that requires an argument neither a column nor a standard one."""
+        check_reward_arguments(self.funcs, self.names, columns)
 
     def to(self, device: torch.device | str) -> RewardFunctions:
         """Move the reward models among the functions to ``device``."""

@@ -198,6 +198,11 @@ def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: P
     tidy_interrupted_writes(output_dir)
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
+    if not isinstance(resume_from_checkpoint, str | os.PathLike | bool):
+        raise ValueError(
+            f"resume_from_checkpoint={resume_from_checkpoint!r} is invalid: give True (the latest checkpoint in "
+            f"{output_dir}), a checkpoint folder such as '{output_dir / 'checkpoint-500'}', or None"
+        )
     if resume_from_checkpoint is True:
         path = latest_checkpoint(output_dir)
         if path is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,12 +30,31 @@ def resolve_mixed_precision(bf16: bool | None) -> str:
     return "bf16" if use_bf16 else "no"
 
 
+def check_model_folder(model: str) -> None:
+    """A ``model`` that is written as a path (``./x``, ``/x``, ``~/x``) or names an existing folder
+    must be a folder saved with ``save_pretrained``: say so before transformers reads it as a hub id."""
+    path = Path(model).expanduser()
+    if not (model.startswith((".", "/", "~")) or path.exists()):
+        return  # a hub id
+    if not path.is_dir():
+        raise ValueError(
+            f"model folder {model!r} does not exist; give a folder written by save_pretrained (config.json + "
+            "weights) or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        )
+    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ValueError(
+            f"model folder {model!r} has no config.json (nor a PEFT adapter_config.json), so it is not a saved "
+            "model; give the folder save_pretrained wrote (a run's final/ or checkpoint-STEP/ folder is one)"
+        )
+
+
 def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | None) -> PreTrainedModel:
     """A causal LM from a local folder or hub id (``trust_remote_code`` off by default), or as given."""
     if isinstance(model, PreTrainedModel):
         return model
     if not isinstance(model, str):
         raise ValueError(f"model must be a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
+    check_model_folder(model)
     kwargs = {"trust_remote_code": False, **(init_kwargs or {})}
     try:
         loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model, **kwargs)

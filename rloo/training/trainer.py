@@ -32,7 +32,7 @@ from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_reward
 from rloo.algo.masks import mask_truncated
 from rloo.algo.stats import masked_mean
 from rloo.config import RLOOConfig, as_config
-from rloo.data.loading import load_prompt_dataset
+from rloo.data.loading import load_train_and_eval
 from rloo.data.prompts import gather_columns
 from rloo.data.sampler import PromptSampler
 from rloo.generation.rollout import Rollout
@@ -97,10 +97,7 @@ class RLOOTrainer:
         set_seed(args.seed)
         self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16))
         self.console = Console(stderr=True)
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
-        self.train_dataset = load_prompt_dataset(train_dataset)
-        self.eval_dataset = None if eval_dataset is None else load_prompt_dataset(eval_dataset)
+        self.train_dataset, self.eval_dataset = load_train_and_eval(train_dataset, eval_dataset, args.eval_steps)
 
         policy, self.ref_model = prepare_policy(
             model,
@@ -114,6 +111,7 @@ class RLOOTrainer:
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs, reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
+        self.rewards.check_arguments(self.train_dataset.column_names)
         self.reward_funcs = self.rewards.funcs  # TRL's attribute
 
         self.sampler = PromptSampler(len(self.train_dataset), args.seed, args.shuffle_dataset)

@@ -1,0 +1,73 @@
+"""Which arguments a reward function takes: TRL's ``f(prompts, completions, **kwargs)`` gets every
+argument; a tutorial's ``f(completions, prompts=None)`` gets only the ones it names.
+
+Each function's signature is inspected once (cached per function object). A function that
+*requires* an argument nobody provides (not a standard argument, not a dataset column) is
+refused when the trainer is built, naming the function, the argument and the columns there are,
+instead of failing at the first step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# what every reward function may ask for, besides the dataset columns
+STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+_KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_cache: weakref.WeakKeyDictionary[Any, tuple[frozenset[str] | None, frozenset[str]]] = weakref.WeakKeyDictionary()
+
+
+def _inspect(func: Any) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """``(accepted, required)`` keyword names; ``accepted`` is None for ``**kwargs`` (takes all)."""
+    try:
+        return _cache[func]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        pass
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: pass everything
+        return None, frozenset()
+    named = [p for p in parameters if p.kind in _KEYWORD_KINDS]
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    accepted = None if takes_all else frozenset(p.name for p in named)
+    # a positional-only parameter cannot be passed by keyword: reported as required and never given
+    required = frozenset(
+        ("/" if p.kind is inspect.Parameter.POSITIONAL_ONLY else "") + p.name
+        for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind is not inspect.Parameter.VAR_POSITIONAL
+        and p.kind is not inspect.Parameter.VAR_KEYWORD
+    )
+    with contextlib.suppress(TypeError):  # not weakly referenceable: inspected again next time
+        _cache[func] = (accepted, required)
+    return accepted, required
+
+
+def arguments_for(func: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``kwargs`` that ``func`` accepts (all of it when it takes ``**kwargs``)."""
+    accepted, _ = _inspect(func)
+    return dict(kwargs) if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
+
+
+def check_reward_arguments(funcs: Iterable[Any], names: Iterable[str], columns: Iterable[str]) -> None:
+    """Raise ``ValueError`` when a function requires an argument that no one will pass."""
+    available = set(STANDARD_ARGUMENTS) | set(columns)
+    for func, name in zip(funcs, names, strict=True):
+        required = _inspect(func)[1]
+        positional = sorted(name[1:] for name in required if name.startswith("/"))
+        if positional:
+            raise ValueError(
+                f"reward function `{name}` takes {', '.join(positional)} positionally only (before `/`), but reward "
+                "functions are called with keyword arguments; drop the `/` from its signature"
+            )
+        missing = sorted(required - available)
+        if missing:
+            raise ValueError(
+                f"reward function `{name}` requires argument(s) {', '.join(missing)}, but the dataset has no such "
+                f"column (columns: {', '.join(sorted(columns)) or 'none'}; every function may also take "
+                f"{', '.join(STANDARD_ARGUMENTS)}). Add the column, rename the argument, or give it a default"
+            )
