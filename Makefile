@@ -26,25 +26,37 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint browser
+test: lint browser sandbox
 	$(BIN)/pytest
 
-# Debian's chromium for the headless-browser check of the HTML run report
-# (tests/test_report_browser.py, skipped without it). Installs only as root or with
-# password-less sudo; never fails the build, a fresh machine pays the apt install once.
-.PHONY: browser
-browser:
-	@if command -v chromium >/dev/null 2>&1; then :; \
+# $(call apt-install,COMMAND,PACKAGE,WHAT): install Debian's PACKAGE unless COMMAND is on PATH.
+# Installs only as root or with password-less sudo; never fails the build (WHAT is skipped
+# without it), and a fresh machine pays the apt install once.
+define apt-install
+	@if command -v $(1) >/dev/null 2>&1; then :; \
 	elif ! command -v apt-get >/dev/null 2>&1; then \
-		echo "chromium not found: install it with your package manager; the browser test is skipped"; \
+		echo "$(1) not found: install $(2) with your package manager; $(3) skipped"; \
 	elif [ "$$(id -u)" = 0 ] || (command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null); then \
 		as=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$as env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-		$$as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
-		echo "could not install chromium; the browser test is skipped"; \
+		$$as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null || \
+		echo "could not install $(2); $(3) skipped"; \
 	else \
-		echo "chromium not found: run 'sudo apt-get install -y chromium'; the browser test is skipped"; \
+		echo "$(1) not found: run 'sudo apt-get install -y $(2)'; $(3) skipped"; \
 	fi
+endef
+
+# Debian's chromium for the headless-browser check of the HTML run report
+# (tests/test_report_browser.py, skipped without it).
+.PHONY: browser
+browser:
+	$(call apt-install,chromium,chromium,the browser test is)
+
+# Debian's bubblewrap, the sandbox of the code_execution reward (tests/test_sandbox.py skips its
+# isolation tests without it, and the reward falls back to rlimits alone, with a warning).
+.PHONY: sandbox
+sandbox:
+	$(call apt-install,bwrap,bubblewrap,the sandbox isolation tests are)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

@@ -266,6 +266,7 @@ def test_every_builtin_resolves_with_a_meaningful_name() -> None:
         "format": "format",
         "think_answer_format": "think_answer_format",
         "length": "length",
+        "code_execution": "code_execution",
     }
     assert set(BUILTIN_REWARDS) == {*names, "reward_model"}
 
@@ -334,7 +335,8 @@ def test_resolve_reward_model_folder(reward_model_dir: Path, tmp_path: Path) -> 
 def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
     with pytest.raises(ValueError, match=r"unknown reward `acuracy`; did you mean `accuracy`\?") as info:
         resolve_reward("acuracy")
-    assert "accuracy, exact_match, string_match, format, think_answer_format, length, reward_model" in str(info.value)
+    builtins = "accuracy, exact_match, string_match, format, think_answer_format, length, code_execution, reward_model"
+    assert builtins in str(info.value)
     with pytest.raises(ValueError, match=r"unknown reward `zzz`\. Built-in rewards"):
         resolve_reward("zzz")
     with pytest.raises(ValueError, match="did you mean `length`"):

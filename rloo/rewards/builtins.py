@@ -16,6 +16,8 @@ Where we depart from TRL's ``trl.rewards``:
   number, where TRL skips the sample the same way.
 - Factories (``format_reward(pattern)``, ``length_reward(...)``) build named functions, so
   the logged metric is ``rewards/format/mean`` rather than the name of a lambda.
+- ``code_execution`` (:mod:`rloo.rewards.code_execution`) runs completions' code against test
+  cases under bubblewrap (:mod:`rloo.rewards.sandbox`); TRL has no such built-in.
 
 ``import rloo.rewards.builtins`` stays light: transformers is loaded only when a reward model
 is built (:func:`rloo.rewards.reward_model.reward_model`).
@@ -28,6 +30,8 @@ import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from rloo.rewards.code_execution import code_execution_reward
 
 if TYPE_CHECKING:
     from rloo.rewards.calling import RewardFunc
@@ -325,5 +329,6 @@ BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
     "format": format_reward,
     "think_answer_format": _plain(think_answer_format_reward, "think_answer_format"),
     "length": length_reward,
+    "code_execution": code_execution_reward,
     "reward_model": _reward_model,
 }
