@@ -76,6 +76,7 @@ def generate_and_score(
     *,
     group_ids: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
+    sampling_seed: int | None = None,
     trainer_state: Any = None,
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> ScoredRollout:
@@ -85,6 +86,9 @@ def generate_and_score(
         prompts: P raw dataset prompts (text or conversations). columns: the other dataset
             columns, one value per prompt (repeated here for each completion).
         group_ids: one id per prompt (default ``0..P-1``): the ids advantages group by.
+        generator / sampling_seed: where the randomness comes from: one stream for the batch, or
+            (``sampling_seed``) one per completion, keyed by its group id (training uses it, so a
+            run on N processes samples what one process would).
         trainer_state: passed to reward functions as ``trainer_state``.
         autocast: a context for the sampling forward passes (mixed precision).
 
@@ -108,6 +112,7 @@ def generate_and_score(
                 eos_token_ids=eos_token_ids(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
                 generator=generator,
+                sampling_seed=sampling_seed,
             )
     finally:
         model.train(was_training)

@@ -732,3 +732,12 @@ def test_prompt_files_and_rows_that_arrow_would_reject(tmp_path: Path) -> None:
         RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(empty))
     with pytest.raises(ValueError, match=r"is a folder but not one written by Dataset.save_to_disk"):
         RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(tmp_path))
+
+
+def test_the_code_execution_reward_without_its_column_is_refused_at_construction(tmp_path: Path) -> None:
+    from rloo.rewards.code_execution import code_execution_reward
+
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, reward_funcs=code_execution_reward(column="tests"))
+    assert "reward function `code_execution` requires argument(s) tests" in str(info.value)
+    assert not (tmp_path / "run").exists()

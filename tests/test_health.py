@@ -209,7 +209,7 @@ def test_length_explosion_is_provoked_by_rewarding_long_answers(tmp_path: Path, 
         ids = tok(["1+2=", "3+4=", "5+5="], return_tensors="pt", padding=True)
         hidden = model.model(**ids).last_hidden_state[:, -1].mean(0)
         model.lm_head.weight[tok.eos_token_id] = hidden / hidden.norm()
-    args = config(tmp_path, max_completion_length=24, health_thresholds={"window": 2}, **FAST)
+    args = config(tmp_path, max_completion_length=24, health_thresholds={"window": 1}, **FAST)
     run = RLOOTrainer(model=model, reward_funcs=lengths, args=args, train_dataset=dataset(), processing_class=tok)
     rows, warnings = train_and_read(run)
     assert rows[0]["completions/mean_length"] < 6

@@ -17,6 +17,7 @@ is left out of its group's baseline and of the normalization statistics and gets
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
@@ -87,6 +88,18 @@ def _masked_std(values: Tensor, scorable: Tensor) -> Tensor:
     return torch.sqrt(((values[scorable] - mean) ** 2).sum() / (count - 1))
 
 
+def batch_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(sum, count, std)`` of ``values[mask]`` (std: ddof=1, 0 when fewer than 2), 0-dim tensors.
+
+    The batch-level statistics of one process; data-parallel training passes a function with
+    the same signature that reduces over every process's batch (see
+    :class:`rloo.training.distributed.Ranks`)."""
+    return values[mask].sum(), mask.sum().to(values.dtype), _masked_std(values, mask)
+
+
+BatchStats = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
 def compute_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -96,6 +109,7 @@ def compute_advantages(
     leave_one_out: bool = True,
     std_level: Level = "none",
     eps: float = DEFAULT_STD_EPS,
+    stats: BatchStats = batch_stats,
 ) -> Tensor:
     """Advantages from rewards with a configurable baseline and scale.
 
@@ -115,6 +129,7 @@ def compute_advantages(
     Args:
         rewards: ``(N,)`` float. group_ids: ``(N,)`` int, equal for the K samples of a
             prompt. scorable: ``(N,)`` bool, False where no reward function applied.
+        stats: ``(sum, count, std)`` of the batch (:func:`batch_stats`); the batch levels use it.
 
     Raises:
         ValueError: a leave-one-out baseline on a batch where no group has 2 members,
@@ -142,7 +157,8 @@ def compute_advantages(
         total, count = _per_sample_group_sum(r, index, num_groups), group_count
         too_small = too_small | (group_count < 2)
     elif mean_level == "batch":
-        total, count = r.sum().expand_as(r), ones.sum().expand_as(r)
+        batch_total, batch_count, _ = stats(r, scorable)
+        total, count = batch_total.expand_as(r), batch_count.expand_as(r)
     else:
         total, count = torch.zeros_like(r), torch.ones_like(r)
     if mean_level != "none" and leave_one_out:
@@ -158,27 +174,31 @@ def compute_advantages(
         advantages = advantages / (std + eps)
         too_small = too_small | (group_count < 2)
     elif std_level == "batch":
-        advantages = advantages / (_masked_std(r, scorable) + eps)
+        advantages = advantages / (stats(r, scorable)[2] + eps)
     return torch.where(scorable & ~too_small, advantages, 0.0)
 
 
-def normalize_advantages(advantages: Tensor, scorable: Tensor, eps: float = DEFAULT_STD_EPS) -> Tensor:
+def normalize_advantages(
+    advantages: Tensor, scorable: Tensor, eps: float = DEFAULT_STD_EPS, stats: BatchStats = batch_stats
+) -> Tensor:
     """Batch whitening after the baseline: ``(A - mean(A)) / (std(A) + eps)``.
 
     Statistics over scorable completions only (std with ddof=1, as TRL's ``advantages.std()``);
-    unscorable completions stay at 0. Shapes ``(N,)``.
+    unscorable completions stay at 0. Shapes ``(N,)``. ``stats``: as in :func:`compute_advantages`.
     """
-    if scorable.sum() == 0:
+    total, count, std = stats(advantages, scorable)
+    if count == 0:
         return advantages
-    mean = advantages[scorable].mean()
-    whitened = (advantages - mean) / (_masked_std(advantages, scorable) + eps)
+    whitened = (advantages - total / count) / (std + eps)
     return torch.where(scorable, whitened, 0.0)
 
 
 class AdvantageEstimator(Protocol):
     """The one signature every registered estimator has."""
 
-    def __call__(self, rewards: Tensor, group_ids: Tensor, scorable: Tensor, *, eps: float = ...) -> Tensor: ...
+    def __call__(
+        self, rewards: Tensor, group_ids: Tensor, scorable: Tensor, *, eps: float = ..., stats: BatchStats = ...
+    ) -> Tensor: ...
 
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")

@@ -15,6 +15,7 @@ Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,12 +244,16 @@ def train_from_run_file(run_file: RunFile, resume: bool | str, console: Any) -> 
     from rloo.cli.report import build_report
     from rloo.training.run_folder import check_fresh_run
 
-    if not resume:  # before the model loads: a refusal should be instant
+    # under torchrun / accelerate launch every process runs this; only the first touches files
+    main = os.environ.get("RANK", "0") == "0"
+    if not resume and main:  # before the model loads: a refusal should be instant
         check_fresh_run(Path(run_file.config.output_dir), run_file.config.overwrite_output_dir)
     trainer = build_trainer(run_file)
     trainer.train(resume_from_checkpoint=resume or None)
-    path = build_report(run_file.config.output_dir)
-    console.print(f"done: model in {trainer.output_dir / 'final'}, report in {path}", highlight=False)
+    if trainer.ranks.is_main:
+        path = build_report(run_file.config.output_dir)
+        console.print(f"done: model in {trainer.output_dir / 'final'}, report in {path}", highlight=False)
+    trainer.ranks.barrier()  # every process exits once the main one has written everything
     return trainer
 
 

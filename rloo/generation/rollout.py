@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_ids
 from rloo.generation.kv_cache import preallocate
-from rloo.generation.sampling import SamplingParams, sample_next_token
+from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
 
 @dataclass
@@ -77,13 +77,19 @@ def generate_rollouts(
     eos_token_ids: Sequence[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    sampling_seed: int | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
-    The model must be in eval mode (no dropout) and accept ``past_key_values``.
+    The model must be in eval mode (no dropout) and accept ``past_key_values``. With
+    ``sampling_seed``, completion ``j`` of group ``g`` is sampled from its own random stream
+    (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s.
     """
     device = next(model.parameters()).device
     k = num_generations
+    uniforms = None
+    if sampling_seed is not None:
+        uniforms = completion_uniforms(sampling_seed, group_ids, k, max_new_tokens, device)
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
     cache = out.past_key_values
@@ -101,7 +107,8 @@ def generate_rollouts(
     # with the row's last prompt token, which is penalized once either way
     history = torch.where(prompt_mask_k.bool(), prompt_ids_k, prompt_ids_k[:, -1:])
     for step in range(max_new_tokens):
-        token, logprob = sample_next_token(logits, history, params, generator)
+        draws = None if uniforms is None else uniforms[:, step]
+        token, logprob = sample_next_token(logits, history, params, generator, draws)
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
         logprobs.append(logprob)

@@ -9,6 +9,7 @@ sampling policy's log-prob.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,28 +68,57 @@ def apply_min_p(logits: Tensor, min_p: float | None) -> Tensor:
     return logits.masked_fill(probs < threshold, -torch.inf)
 
 
-def sample_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+def completion_seed(seed: int, group_id: int, sample: int) -> int:
+    """The seed of sample ``sample`` of the prompt with ``group_id``: ``((seed * 1_000_003 + group_id)
+    * 1_009 + sample) mod 2^63``."""
+    return ((seed * 1_000_003 + group_id) * 1_009 + sample) % (2**63)
+
+
+def completion_uniforms(seed: int, group_ids: Sequence[int], k: int, steps: int, device: torch.device) -> Tensor:
+    """``(len(group_ids) * k, steps)`` uniforms, row ``(g, j)`` drawn from its own generator seeded
+    with :func:`completion_seed`: a completion's randomness depends on the run's seed, its
+    prompt's group id and ``j`` only, not on the batch or the process it is sampled in, so a
+    run on any number of processes samples the same completions as one process."""
+    rows = [
+        torch.rand(steps, generator=torch.Generator().manual_seed(completion_seed(seed, g, j)))
+        for g in group_ids
+        for j in range(k)
+    ]
+    return torch.stack(rows).to(device)
+
+
+def sample_categorical(probs: Tensor, generator: torch.Generator | None, u: Tensor | None = None) -> Tensor:
     """One draw per row from unnormalized probabilities ``(B, V) -> (B,)``, by inverse CDF.
 
     ``i = min{i : cdf_i > u * cdf_V}`` with one uniform ``u`` per row: the same distribution
     as ``torch.multinomial``, which on CPU draws V exponentials per row (the largest cost of
     sampling with a 32k vocabulary). A token of probability 0 is never drawn: the target is
-    kept strictly below the total, and ``cdf`` does not rise at such a token.
+    kept strictly below the total, and ``cdf`` does not rise at such a token. ``u``: ``(B,)``
+    uniforms to use instead of drawing them from ``generator``.
     """
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    if u is None:
+        u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    else:
+        u = u.to(probs.dtype).unsqueeze(1)
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def sample_next_token(
-    logits: Tensor, history: Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: Tensor,
+    history: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    uniforms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sample one token per row.
 
     Args:
         logits: ``(B, V)`` raw next-token logits. history: ``(B, L)`` ids seen so far.
+        uniforms: ``(B,)`` the draw of each row (see :func:`completion_uniforms`), or None to
+            draw from ``generator``.
 
     Returns:
         ``(tokens (B,), logprobs (B,))`` with ``logprobs = log_softmax(logits / T)[token]``.
@@ -110,6 +140,6 @@ def sample_next_token(
         processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
         processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
         probs = torch.softmax(processed, dim=-1)
-    tokens = sample_categorical(probs, generator)
+    tokens = sample_categorical(probs, generator, uniforms)
     logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse.squeeze(1)
     return tokens, logprobs

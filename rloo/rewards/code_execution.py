@@ -147,4 +147,5 @@ def code_execution_reward(
             passed[n] += ok
         return [None if t is None else passed[n] / len(t) for n, t in enumerate(tests)]
 
+    code_execution.required_columns = (column,)  # type: ignore[attr-defined]  # checked when the trainer is built
     return code_execution

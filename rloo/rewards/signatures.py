@@ -2,9 +2,10 @@
 argument; a tutorial's ``f(completions, prompts=None)`` gets only the ones it names.
 
 Each function's signature is inspected once (cached per function object). A function that
-*requires* an argument nobody provides (not a standard argument, not a dataset column) is
-refused when the trainer is built, naming the function, the argument and the columns there are,
-instead of failing at the first step.
+*requires* an argument nobody provides (not a standard argument, not a dataset column; or a
+column it lists in a ``required_columns`` attribute) is refused when the trainer is built,
+naming the function, the argument and the columns there are, instead of failing at the first
+step.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def check_reward_arguments(funcs: Iterable[Any], names: Iterable[str], columns: 
                 f"reward function `{name}` takes {', '.join(positional)} positionally only (before `/`), but reward "
                 "functions are called with keyword arguments; drop the `/` from its signature"
             )
-        missing = sorted(required - available)
+        # a function reading a column through **kwargs can name it in `required_columns`
+        missing = sorted((required | set(getattr(func, "required_columns", ()))) - available)
         if missing:
             raise ValueError(
                 f"reward function `{name}` requires argument(s) {', '.join(missing)}, but the dataset has no such "

@@ -99,6 +99,7 @@ class PassResult:
     entropy: float
     clip: ClipFractions
     kl: float | None
+    tokens: float  # the tokens its means are over: weights when passes (or processes) are combined
 
 
 def rows_per_pass(sequence_length: int, vocab_size: int, budget_mib: float, cap: int) -> int:

@@ -57,45 +57,46 @@ def save_pretrained_quietly(obj: Any, path: Path) -> None:
             obj.save_pretrained(path)
 
 
-def rng_state(generator: torch.Generator) -> dict[str, Any]:
-    """Every random state a run depends on."""
+def rng_state() -> dict[str, Any]:
+    """This process's global random states (Python, NumPy, torch, CUDA). Sampling needs none:
+    each completion has its own seed (:func:`rloo.generation.sampling.completion_seed`)."""
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "sampling": generator.get_state(),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    generator.set_state(state["sampling"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_state(optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any) -> dict[str, Any]:
-    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position."""
+def training_state(
+    optimizer: Any, scheduler: Any, sampler: Any, rng_per_rank: list[Any] | None = None
+) -> dict[str, Any]:
+    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position.
+    ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when None)."""
     return {
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "rng": rng_state(generator),
+        "rng": rng_per_rank if rng_per_rank is not None else [rng_state()],
         "sampler": sampler.state_dict(),
     }
 
 
-def restore_training_state(
-    state: dict[str, Any], optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any
-) -> None:
-    """The inverse of :func:`training_state`, in place."""
+def restore_training_state(state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any, rank: int = 0) -> None:
+    """The inverse of :func:`training_state`, in place, for process ``rank``."""
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    restore_rng_state(state["rng"], generator)
+    rng = state["rng"]
+    restore_rng_state(rng[rank] if isinstance(rng, list) else rng)  # a dict: one process (older)
     sampler.load_state_dict(state["sampler"])
 
 
@@ -240,12 +241,18 @@ def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def restore_checkpoint(
-    path: Path, model: nn.Module, optimizer: Any, scheduler: Any, generator: torch.Generator, sampler: Any
+    path: Path,
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    sampler: Any,
+    rank: int = 0,
 ) -> dict[str, Any]:
-    """Load a checkpoint's weights and training state in place; returns its trainer state."""
+    """Load a checkpoint's weights and process ``rank``'s training state in place; returns its
+    trainer state."""
     trainer_state, training_state = load_checkpoint_states(path)
     load_model_weights(model, path)
-    restore_training_state(training_state, optimizer, scheduler, generator, sampler)
+    restore_training_state(training_state, optimizer, scheduler, sampler, rank)
     return trainer_state
 
 

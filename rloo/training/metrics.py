@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rloo.algo.advantages import frac_zero_std_groups
-from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
-from rloo.rewards.calling import CombinedRewards
 from rloo.training.batches import PassResult, TrainBatch
 
 
@@ -19,56 +19,124 @@ def _std(values: Tensor) -> float:
     return float(values.std()) if values.numel() > 1 else 0.0
 
 
-def reward_metrics(combined: CombinedRewards, names: list[str]) -> dict[str, float]:
+@dataclass
+class BatchRecord:
+    """What a generation batch's metrics are computed from, per completion (CPU tensors): one
+    process's batch, or every process's joined by :func:`merge_records`, so that each metric is
+    a mean / std / min / max over all completions, never over one process's share."""
+
+    scores: Tensor  # (N, F) per reward function, NaN where it did not apply
+    nonfinite: list[int]  # per function: NaN/inf values returned
+    failed: list[int]  # per function: completions blanked by reward_error_policy="skip"
+    rewards: Tensor  # (N,) combined task rewards (before clipping and KL)
+    scorable: Tensor  # (N,) bool
+    penalized: Tensor  # (N,) the rewards the baseline saw (after clipping and KL)
+    advantages: Tensor  # (N,)
+    group_ids: Tensor  # (N,)
+    lengths: Tensor  # (N,) completion tokens, EOS counted
+    truncated: Tensor  # (N,) bool, cut at max_completion_length
+    prompt_max_length: float
+    truncated_prompts: float
+    generate_seconds: float
+    score_seconds: float
+
+
+def _cpu(values: Tensor) -> Tensor:
+    return values.detach().cpu()
+
+
+def batch_record(scored: ScoredRollout, rewards: Tensor, advantages: Tensor) -> BatchRecord:
+    """The record of one process's batch; ``rewards``: after clipping and KL."""
+    combined, rollout = scored.rewards, scored.rollout
+    return BatchRecord(
+        scores=_cpu(combined.scores.values),
+        nonfinite=list(combined.scores.nonfinite_counts),
+        failed=list(combined.scores.failed_counts),
+        rewards=_cpu(combined.rewards),
+        scorable=_cpu(combined.scorable),
+        penalized=_cpu(rewards),
+        advantages=_cpu(advantages),
+        group_ids=_cpu(rollout.group_ids),
+        lengths=_cpu(rollout.completion_mask.sum(dim=1)),
+        truncated=_cpu(rollout.truncated),
+        prompt_max_length=float(rollout.prompt_mask.sum(dim=1).max()),
+        truncated_prompts=float(scored.num_truncated_prompts),
+        generate_seconds=scored.generate_seconds,
+        score_seconds=scored.score_seconds,
+    )
+
+
+def merge_records(records: list[BatchRecord]) -> BatchRecord:
+    """Every process's records as one batch (timings: the slowest process's)."""
+    if len(records) == 1:
+        return records[0]
+
+    def cat(name: str) -> Tensor:
+        return torch.cat([getattr(r, name) for r in records])
+
+    return BatchRecord(
+        scores=cat("scores"),
+        nonfinite=[sum(counts) for counts in zip(*(r.nonfinite for r in records), strict=True)],
+        failed=[sum(counts) for counts in zip(*(r.failed for r in records), strict=True)],
+        rewards=cat("rewards"),
+        scorable=cat("scorable"),
+        penalized=cat("penalized"),
+        advantages=cat("advantages"),
+        group_ids=cat("group_ids"),
+        lengths=cat("lengths"),
+        truncated=cat("truncated"),
+        prompt_max_length=max(r.prompt_max_length for r in records),
+        truncated_prompts=sum(r.truncated_prompts for r in records),
+        generate_seconds=max(r.generate_seconds for r in records),
+        score_seconds=max(r.score_seconds for r in records),
+    )
+
+
+def reward_metrics(record: BatchRecord, names: list[str]) -> dict[str, float]:
     """``reward``/``reward_std`` over scorable completions (before clipping and KL), and per function."""
-    rewards_per_func, nonfinite = combined.scores.values, combined.scores.nonfinite_counts
-    scorable = combined.scorable
-    scored = combined.rewards[scorable].float()
+    scored = record.rewards[record.scorable].float()
     metrics = {
         "reward": float(scored.mean()) if scored.numel() else float("nan"),
         "reward_std": _std(scored),
-        "rewards/unscorable": float((~scorable).sum()),
+        "rewards/unscorable": float((~record.scorable).sum()),
     }
     for column, name in enumerate(names):
-        values = rewards_per_func[:, column]
+        values = record.scores[:, column]
         values = values[~torch.isnan(values)]
         metrics[f"rewards/{name}/mean"] = float(values.mean()) if values.numel() else float("nan")
         metrics[f"rewards/{name}/std"] = _std(values)
-        if nonfinite[column]:
-            metrics[f"rewards/{name}/nonfinite"] = float(nonfinite[column])
-        if combined.scores.failed_counts[column]:
-            metrics[f"rewards/{name}/failed"] = float(combined.scores.failed_counts[column])
+        if record.nonfinite[column]:
+            metrics[f"rewards/{name}/nonfinite"] = float(record.nonfinite[column])
+        if record.failed[column]:
+            metrics[f"rewards/{name}/failed"] = float(record.failed[column])
     return metrics
 
 
-def completion_metrics(rollout: Rollout) -> dict[str, float]:
+def completion_metrics(lengths: Tensor, truncated: Tensor) -> dict[str, float]:
     """Completion lengths (EOS counted) and the fraction cut at the length limit."""
-    lengths = rollout.completion_mask.sum(dim=1)
-    terminated = lengths[~rollout.truncated]
+    terminated = lengths[~truncated]
     return {
-        "completions/mean_length": float(lengths.mean()),
+        "completions/mean_length": float(lengths.float().mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
-        "completions/clipped_ratio": float(rollout.truncated.float().mean()),
-        "completions/mean_terminated_length": float(terminated.mean()) if terminated.numel() else 0.0,
+        "completions/clipped_ratio": float(truncated.float().mean()),
+        "completions/mean_terminated_length": float(terminated.float().mean()) if terminated.numel() else 0.0,
     }
 
 
-def generation_metrics(
-    scored: ScoredRollout, rewards: Tensor, advantages: Tensor, names: list[str]
-) -> dict[str, float]:
+def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float]:
     """Every metric of a generation batch: rewards (before clipping and KL), completions,
-    advantages, zero-std groups (of the rewards the baseline saw), truncated prompts, timings."""
-    combined, group_ids = scored.rewards, scored.rollout.group_ids
-    metrics = reward_metrics(combined, names)
-    metrics.update(completion_metrics(scored.rollout))
-    metrics.update(advantage_metrics(advantages, combined.scorable))
-    metrics["frac_reward_zero_std"] = frac_zero_std_groups(rewards, group_ids, combined.scorable)
+    advantages, zero-std groups (of the rewards the baseline saw, and of the task rewards),
+    truncated prompts, timings."""
+    metrics = reward_metrics(record, names)
+    metrics.update(completion_metrics(record.lengths, record.truncated))
+    metrics.update(advantage_metrics(record.advantages, record.scorable))
+    metrics["frac_reward_zero_std"] = frac_zero_std_groups(record.penalized, record.group_ids, record.scorable)
     # the same of the task rewards alone: the KL penalty breaks ties and hides a reward collapse
-    metrics["frac_task_reward_zero_std"] = frac_zero_std_groups(combined.rewards, group_ids, combined.scorable)
-    metrics["prompts/truncated"] = float(scored.num_truncated_prompts)
-    metrics["prompts/max_length"] = float(scored.rollout.prompt_mask.sum(dim=1).max())
-    metrics["timing/generate"], metrics["timing/score"] = scored.generate_seconds, scored.score_seconds
+    metrics["frac_task_reward_zero_std"] = frac_zero_std_groups(record.rewards, record.group_ids, record.scorable)
+    metrics["prompts/truncated"] = record.truncated_prompts
+    metrics["prompts/max_length"] = record.prompt_max_length
+    metrics["timing/generate"], metrics["timing/score"] = record.generate_seconds, record.score_seconds
     return metrics
 
 
@@ -108,20 +176,29 @@ def advantage_metrics(advantages: Tensor, scorable: Tensor) -> dict[str, float]:
 
 
 def update_metrics(results: list[PassResult]) -> dict[str, float]:
-    """Loss (summed over passes: they are pre-scaled), entropy, clip fractions, KL."""
-    n = len(results)
-    if n == 0:
+    """Loss (summed over passes: they are pre-scaled); entropy, clip fractions and KL as means
+    over the step's tokens (each pass weighted by its tokens, reported as ``_tokens`` for the
+    reduction over processes, :func:`rloo.training.distributed.reduce_step_metrics`)."""
+    if not results:
         return {"loss": 0.0}
+    weights = [r.tokens for r in results]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] * len(results), float(len(results))
+
+    def mean(values: list[float]) -> float:
+        return sum(w * v for w, v in zip(weights, values, strict=True)) / total
+
     metrics = {
         "loss": sum(r.loss_value for r in results),
-        "entropy": sum(r.entropy for r in results) / n,
-        "clip_ratio/low_mean": sum(r.clip.low for r in results) / n,
-        "clip_ratio/high_mean": sum(r.clip.high for r in results) / n,
-        "clip_ratio/region_mean": sum(r.clip.region for r in results) / n,
+        "entropy": mean([r.entropy for r in results]),
+        "clip_ratio/low_mean": mean([r.clip.low for r in results]),
+        "clip_ratio/high_mean": mean([r.clip.high for r in results]),
+        "clip_ratio/region_mean": mean([r.clip.region for r in results]),
+        "_tokens": total,
     }
-    kls = [r.kl for r in results if r.kl is not None]
-    if kls:
-        metrics["kl"] = sum(kls) / len(kls)
+    if all(r.kl is not None for r in results):
+        metrics["kl"] = mean([r.kl for r in results if r.kl is not None])
     return metrics
 
 
@@ -150,19 +227,24 @@ def step_timing(
     }
 
 
-def write_completions(path: Path, step: int, scored: ScoredRollout, advantages: Tensor) -> None:
-    """Append one JSON line per completion: step, prompt, completion, reward (None when
+def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> list[dict[str, Any]]:
+    """One JSON-ready row per completion: step, prompt, completion, reward (None when
     unscorable), advantage."""
     rewards, scorable = scored.rewards.rewards, scored.rewards.scorable
     k = len(scored.completion_texts) // len(scored.prompts)
+    return [
+        {
+            "step": step,
+            "prompt": scored.prompts[i // k],
+            "completion": text,
+            "reward": float(rewards[i]) if bool(scorable[i]) else None,
+            "advantage": float(advantages[i]),
+        }
+        for i, text in enumerate(scored.completion_texts)
+    ]
+
+
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
-        for i, text in enumerate(scored.completion_texts):
-            row = {
-                "step": step,
-                "prompt": scored.prompts[i // k],
-                "completion": text,
-                "reward": float(rewards[i]) if bool(scorable[i]) else None,
-                "advantage": float(advantages[i]),
-            }
-            handle.write(json.dumps(row) + "\n")
+        handle.writelines(json.dumps(row) + "\n" for row in rows)

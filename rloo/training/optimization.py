@@ -12,11 +12,12 @@ from transformers import get_scheduler
 from rloo.config import RLOOConfig
 
 
-def total_steps(args: RLOOConfig, num_prompts: int) -> int:
-    """``max_steps``, or the optimizer steps of ``num_train_epochs`` over ``num_prompts`` prompts."""
+def total_steps(args: RLOOConfig, num_prompts: int, world_size: int = 1) -> int:
+    """``max_steps``, or the optimizer steps of ``num_train_epochs`` over ``num_prompts`` prompts
+    (a generation batch takes ``prompts_per_generation`` prompts on each of ``world_size`` processes)."""
     if args.max_steps > 0:
         return args.max_steps
-    generations = math.ceil(args.num_train_epochs * num_prompts / args.prompts_per_generation)
+    generations = math.ceil(args.num_train_epochs * num_prompts / (args.prompts_per_generation * world_size))
     return max(1, generations * args.optimizer_steps_per_generation)
 
 

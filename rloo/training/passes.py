@@ -110,4 +110,4 @@ def pass_loss(
     out = policy_objective(inputs, entropy_coef=entropy_coef, **objective)
     entropy_mask = rows.loss_mask if rows.loss_mask.sum() > 0 else rows.completion_mask
     entropy = float(masked_mean(current.entropy.detach().float(), entropy_mask))
-    return PassResult(out.loss, float(out.loss.detach()), entropy, out.clip, out.kl)
+    return PassResult(out.loss, float(out.loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()))

@@ -19,10 +19,52 @@ from typing import Any
 
 import yaml
 
-from rloo.training.checkpoints import CHECKPOINT_PATTERN, list_checkpoints, remove_folder
+from rloo.training.checkpoints import (
+    CHECKPOINT_PATTERN,
+    STATE_FILE,
+    list_checkpoints,
+    remove_folder,
+    resolve_resume_path,
+)
 
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
 LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log")
+
+
+def open_run(
+    output_dir: Path, resume_from_checkpoint: bool | str | None, config: dict[str, Any], world_size: int, console: Any
+) -> Path | None:
+    """Check and prepare ``output_dir`` for this run (main process only); the checkpoint to resume
+    from, or None for a fresh run."""
+    path = resolve_resume_path(resume_from_checkpoint, output_dir)
+    if path is None:
+        prepare_fresh_run(output_dir, bool(config["overwrite_output_dir"]), console)
+    else:
+        prepare_resume(output_dir, path, config, console)
+        check_same_world_size(path, world_size)
+    return path
+
+
+def check_same_world_size(checkpoint: Path, world_size: int) -> None:
+    """A checkpoint holds one random state per process and its processes' prompt shards: resuming
+    with another process count would not continue its run."""
+    saved = json.loads((checkpoint / STATE_FILE).read_text()).get("world_size", 1)
+    if saved != world_size:
+        raise ValueError(
+            f"{checkpoint.name} was written by a run of {saved} process(es) and this run has {world_size}: "
+            f"resume with {saved} (e.g. torchrun --nproc_per_node {saved} or accelerate launch --num_processes "
+            f"{saved}), or start a new run from its weights (model={str(checkpoint)!r})"
+        )
+
+
+def write_run_files(output_dir: Path, config_text: str, sink: Any, state: Any, resumed_from: Path | None) -> None:
+    """``config.yaml``, and after a resume the logs as of the checkpoint (replayed steps are not
+    logged twice). ``sink``: the run's ``MetricsSink``; ``state``: its ``TrainerState``."""
+    if resumed_from is not None:
+        sink.rewrite(state.log_history)
+        keep_completions_until(output_dir, state.global_step)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(config_text)
 
 
 def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:

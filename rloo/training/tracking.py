@@ -51,9 +51,15 @@ def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:
 class MetricsSink:
     """Writes logs to ``metrics.jsonl`` and to TensorBoard / W&B when asked for."""
 
-    def __init__(self, output_dir: Path, report_to: Sequence[str], run_config: dict[str, Any]) -> None:
+    def __init__(
+        self, output_dir: Path, report_to: Sequence[str], run_config: dict[str, Any], enabled: bool = True
+    ) -> None:
+        """``enabled=False`` (every process but the main one) writes nothing."""
         self.path = output_dir / "metrics.jsonl"
+        self.enabled = enabled
         self._writers: list[Any] = []
+        if not enabled:
+            return
         if "tensorboard" in report_to:
             self._writers.append(_tensorboard_writer(output_dir))
         if "wandb" in report_to:
@@ -65,6 +71,8 @@ class MetricsSink:
         self.path.write_text("".join(json.dumps(row) + "\n" for row in history))
 
     def write(self, logs: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
             handle.write(json.dumps(logs) + "\n")
@@ -113,12 +121,15 @@ def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
             method(*args)
 
 
-def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int) -> str:
-    """The start-up line: parameters, device and the batch shape."""
+def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
+    """The start-up line: parameters, device and the batch shape (over every process)."""
     trainable, total = parameters
+    prompts = f"{args.prompts_per_generation} prompts"
+    if world_size > 1:
+        prompts = f"{world_size} processes x {prompts} = {world_size * args.prompts_per_generation} prompts"
     return (
         f"model: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
-        f"{args.prompts_per_generation} prompts x {args.num_generations} completions per generation"
+        f"{prompts} x {args.num_generations} completions per generation"
     )
 
 
@@ -131,8 +142,8 @@ def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
 class RunWarnings:
     """Each warning once: printed, and appended to ``output_dir/warnings.log`` (the report shows it)."""
 
-    def __init__(self, output_dir: Path, console: Any) -> None:
-        self.path, self.console = output_dir / "warnings.log", console
+    def __init__(self, output_dir: Path, console: Any, write: bool = True) -> None:
+        self.path, self.console, self.write = output_dir / "warnings.log", console, write
         self._seen: set[str] = set()
 
     def warn(self, message: str, step: int) -> None:
@@ -140,6 +151,8 @@ class RunWarnings:
             return
         self._seen.add(message)
         self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+        if not self.write:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
             handle.write(f"step {step}: {message}\n")

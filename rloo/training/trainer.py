@@ -30,7 +30,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normalize_advantages
 from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
-from rloo.algo.stats import masked_mean
 from rloo.config import RLOOConfig, as_config
 from rloo.data.loading import load_train_and_eval
 from rloo.data.prompts import gather_columns
@@ -41,16 +40,20 @@ from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
-from rloo.training.batches import TrainBatch, micro_batch_rows, plan_passes, take_rows, trainable_rows
-from rloo.training.guards import SKIPPED_STEP, NonFiniteGuard, require_finite_weights
+from rloo.training.batches import TrainBatch, micro_batch_rows
+from rloo.training.checkpoints import rng_state
+from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
+from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.metrics import (
+    append_jsonl,
+    batch_record,
     batch_warnings,
+    completion_rows,
     eval_metrics,
     generation_metrics,
+    merge_records,
     step_timing,
-    update_metrics,
-    write_completions,
 )
 from rloo.training.models import (
     count_parameters,
@@ -59,10 +62,10 @@ from rloo.training.models import (
     reference_mode,
     resolve_mixed_precision,
 )
-from rloo.training.optimization import build_optimizer, total_steps, zero_grads_if_none
-from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings, pass_loss
+from rloo.training.optimization import build_optimizer, total_steps
+from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
-from rloo.training.run_folder import config_yaml, keep_completions_until, prepare_fresh_run, prepare_resume
+from rloo.training.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
@@ -72,6 +75,7 @@ from rloo.training.tracking import (
     run_callbacks,
     run_summary,
 )
+from rloo.training.update import Updater
 
 
 class RLOOTrainer:
@@ -95,8 +99,10 @@ class RLOOTrainer:
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
         self._objective = objective_settings(self.spec, self.loss_beta, args.max_completion_length)
         set_seed(args.seed)
-        self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16))
-        self.console = Console(stderr=True)
+        self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16), cpu=cpu_processes())
+        check_engine(self.accelerator.distributed_type)
+        self.ranks = Ranks.from_accelerator(self.accelerator)
+        self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
         self.train_dataset, self.eval_dataset = load_train_and_eval(train_dataset, eval_dataset, args.eval_steps)
 
         policy, self.ref_model = prepare_policy(
@@ -115,14 +121,13 @@ class RLOOTrainer:
         self.reward_funcs = self.rewards.funcs  # TRL's attribute
 
         self.sampler = PromptSampler(len(self.train_dataset), args.seed, args.shuffle_dataset)
-        self.state = TrainerState(max_steps=total_steps(args, len(self.train_dataset)))
+        self.state = TrainerState(max_steps=total_steps(args, len(self.train_dataset), self.ranks.world_size))
         optimizer, self.scheduler = build_optimizer(policy, args, self.state.max_steps)
         self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
         device = self.accelerator.device
         if self.ref_model is not None:
             self.ref_model.to(device)
         self.rewards.to(device)
-        self.generator = torch.Generator(device=device).manual_seed(args.seed)
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
         self.rollout_settings = RolloutSettings(
             args.num_generations, args.max_completion_length, sampling, args.max_prompt_length
@@ -132,9 +137,18 @@ class RLOOTrainer:
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
-        self._warnings = RunWarnings(self.output_dir, self.console)
+        self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
         self._stop = StopRequest()
-        self._nonfinite = NonFiniteGuard(args.max_nonfinite_steps)
+        self.updater = Updater(
+            self.unwrapped_model,
+            self.optimizer,
+            self.scheduler,
+            self.accelerator,
+            self.ranks,
+            args,
+            self.loss_beta,
+            self._objective,
+        )
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
 
@@ -145,37 +159,35 @@ class RLOOTrainer:
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainerState:
         """Train until ``max_steps``; ``resume_from_checkpoint``: True (latest) or a folder."""
-        resume_path = checkpoints.resolve_resume_path(resume_from_checkpoint, self.output_dir)
-        if resume_path is None:
-            prepare_fresh_run(self.output_dir, self.args.overwrite_output_dir, self.console)
-        else:
-            prepare_resume(self.output_dir, resume_path, self.args.to_dict(), self.console)
-        self.sink = MetricsSink(self.output_dir, self.args.report_to, self.args.to_dict())
+        args, ranks = self.args, self.ranks  # files are read and written by the main process only
+        resume_path = ranks.on_main(
+            lambda: open_run(self.output_dir, resume_from_checkpoint, args.to_dict(), ranks.world_size, self.console)
+        )
+        self.sink = MetricsSink(self.output_dir, args.report_to, args.to_dict(), enabled=ranks.is_main)
         if resume_path is not None:
             self._load_checkpoint(resume_path)
-            self.sink.rewrite(self.state.log_history)
-            keep_completions_until(self.output_dir, self.state.global_step)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.yaml").write_text(config_yaml(self.args.to_dict(), self.run_config))
+        config_text = config_yaml(args.to_dict(), self.run_config)
+        ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
         self._announce()
         run_callbacks(self.callbacks, "on_train_begin", self)
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         try:
             with self._stop, self.progress:
-                while self.state.global_step < self.state.max_steps and not self._stop.requested:
+                while self.state.global_step < self.state.max_steps and not ranks.any(self._stop.requested):
                     batch = self._generate_and_score()  # phases 1-4
                     self._update(batch)  # phase 5
                     if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
                         self._save_checkpoint()
         finally:
             self.sink.close()
-        if self._stop.signum is not None:
+        signum = next((s for s in ranks.gather_objects(self._stop.signum) if s is not None), None)
+        if signum is not None:
             path = self._save_checkpoint()
             self.console.print(
                 f"interrupted at step {self.state.global_step}: checkpoint saved to {path}. Resume with "
                 "trainer.train(resume_from_checkpoint=True) or `rloo train CONFIG --resume`."
             )
-            raise TrainingInterrupted(self._stop.signum, path)
+            raise TrainingInterrupted(signum, path)
         self.save_model(str(self.output_dir / "final"))
         run_callbacks(self.callbacks, "on_train_end", self)
         return self.state
@@ -183,15 +195,18 @@ class RLOOTrainer:
     def _announce(self) -> None:
         self.console.print(self.args.describe_algorithm())
         where = f"{self.accelerator.device} ({self.accelerator.mixed_precision})"
-        self.console.print(run_summary(self.args, count_parameters(self.model), where, self.state.max_steps))
+        parameters = count_parameters(self.model)
+        self.console.print(run_summary(self.args, parameters, where, self.state.max_steps, self.ranks.world_size))
 
     # ------------------------------------------------------------------ phases 1-4
     def _generate_and_score(self) -> TrainBatch:
         args, spec, state = self.args, self.spec, self.state
-        indices = self.sampler.next_indices(args.prompts_per_generation)
-        group_ids = range(state.num_groups_seen, state.num_groups_seen + len(indices))
-        state.num_groups_seen += len(indices)
-        scored = self._scored_rollout(self.train_dataset, indices, group_ids, self.generator)  # 1-2
+        # every process draws the same global batch and keeps its share: whole groups (all K) each
+        world = self.sampler.next_indices(args.prompts_per_generation * self.ranks.world_size)
+        indices, first = self.ranks.shard(world), state.num_groups_seen + self.ranks.rank * args.prompts_per_generation
+        group_ids = range(first, first + len(indices))
+        state.num_groups_seen += len(world)
+        scored = self._scored_rollout(self.train_dataset, indices, group_ids, sampling_seed=args.seed)  # 1-2
         rollout, scorable = scored.rollout, scored.rewards.scorable
         rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
         t0 = time.perf_counter()  # 3. log-probs
@@ -202,31 +217,45 @@ class RLOOTrainer:
         old_logprobs = None
         if args.optimizer_steps_per_generation > 1:
             max_rows = self._max_rows(rollout)
-            old_logprobs = no_grad_logprobs(self.model, rollout, args.temperature, max_rows, self.accelerator.autocast)
+            autocast = self.accelerator.autocast
+            old_logprobs = no_grad_logprobs(self.unwrapped_model, rollout, args.temperature, max_rows, autocast)
         t1 = time.perf_counter()  # 4. advantages
         per_token_kl = None
         if reference_logprobs is not None:
             sampling_logprobs = old_logprobs if old_logprobs is not None else rollout.sampling_logprobs
             per_token_kl = get_kl_estimator(spec.kl_estimator)(sampling_logprobs, reference_logprobs)
             rewards = kl_penalized_rewards(rewards, per_token_kl, loss_mask, self.reward_beta)
-        advantages = get_advantage_estimator(spec.advantage_estimator)(rewards, rollout.group_ids, scorable)
+        stats = self.ranks.batch_stats  # batch-level statistics span every process's batch
+        advantages = get_advantage_estimator(spec.advantage_estimator)(
+            rewards, rollout.group_ids, scorable, stats=stats
+        )
         if spec.normalize_advantages:
-            advantages = normalize_advantages(advantages, scorable)
+            advantages = normalize_advantages(advantages, scorable, stats=stats)
 
-        metrics = generation_metrics(scored, rewards, advantages, self.rewards.names)
+        records = self.ranks.gather_objects(batch_record(scored, rewards, advantages))
+        metrics = generation_metrics(merge_records(records), self.rewards.names)
         limit = getattr(self.unwrapped_model.config, "max_position_embeddings", None)
         for message in batch_warnings(metrics, self.rewards.names, args.max_prompt_length, limit):
             self.warn(message)
         if per_token_kl is not None:
-            metrics["kl"] = float(masked_mean(per_token_kl, loss_mask))
+            kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
+            metrics["kl"] = kl_sum / max(tokens, 1.0)
         metrics["timing/reference"] = t1 - t0
-        state.num_input_tokens_seen += int(rollout.prompt_mask.sum()) + rollout.num_completion_tokens
+        (seen,) = self.ranks.sum([float(rollout.prompt_mask.sum()) + rollout.num_completion_tokens])
+        state.num_input_tokens_seen += int(seen)
         if args.log_completions and state.global_step % args.logging_steps == 0:
-            write_completions(self.output_dir / "completions.jsonl", state.global_step, scored, advantages)
+            rows = self.ranks.gather_objects(completion_rows(state.global_step, scored, advantages))
+            if self.ranks.is_main:
+                append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
         return TrainBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
 
     def _scored_rollout(
-        self, dataset: Any, indices: list[int], group_ids: range, generator: torch.Generator
+        self,
+        dataset: Any,
+        indices: list[int],
+        group_ids: range,
+        generator: torch.Generator | None = None,
+        sampling_seed: int | None = None,
     ) -> ScoredRollout:
         """Phases 1-2 for the prompts at ``indices`` of ``dataset``."""
         return generate_and_score(
@@ -238,6 +267,7 @@ class RLOOTrainer:
             self.rollout_settings,
             group_ids=group_ids,
             generator=generator,
+            sampling_seed=sampling_seed,
             trainer_state=self.state,
             autocast=self.accelerator.autocast,
         )
@@ -268,48 +298,11 @@ class RLOOTrainer:
                 self._finish_step({**batch.metrics, **step_metrics}, step_start, batch)
 
     def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor]) -> dict[str, float]:
-        """One optimizer step over ``step_rows`` (its micro-batches).
-
-        The loss is normalized by the totals of the whole step; rows with zero advantage
-        are skipped when that is exact (no KL or entropy term in the loss), and the rest is
-        cut into passes that keep the logits within ``max_logits_memory_mb``.
-        """
-        args = self.args
-        all_rows = torch.cat(step_rows)
-        totals = {"total_tokens": float(batch.loss_mask[all_rows].sum()), "total_sequences": float(all_rows.numel())}
-        exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and self.loss_beta == 0
-        active = trainable_rows(all_rows, batch.advantages, exact_skip)
-        max_rows = self._max_rows(batch.rollout, cap=args.per_device_train_batch_size)
-        self.model.train()
-        results = []
-        for rows in plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows):
-            with self.accelerator.autocast():
-                result = pass_loss(
-                    self.model,
-                    take_rows(batch, rows),
-                    temperature=args.temperature,
-                    entropy_coef=args.entropy_coef,
-                    **self._objective,
-                    **totals,
-                )
-            self.accelerator.backward(result.loss)
-            results.append(result)
-        zero_grads_if_none(self.model)
-        max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
-        losses = [r.loss_value for r in results]
-        if self._nonfinite.step_is_finite(losses, grad_norm, self.state.global_step + 1):
-            self.optimizer.step()
-        else:
+        max_rows = self._max_rows(batch.rollout, cap=self.args.per_device_train_batch_size)
+        outcome = self.updater.step(batch, step_rows, max_rows, self.state.global_step)
+        if outcome.skipped:
             self.warn(SKIPPED_STEP)
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = update_metrics(results)
-        metrics["train/nonfinite_steps"] = float(self._nonfinite.total)
-        metrics["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
-        metrics["grad_norm"] = grad_norm
-        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
-        return metrics
+        return outcome.metrics
 
     # ------------------------------------------------------------------ logging and checkpoints
     def _finish_step(self, metrics: dict[str, float], step_start: float, batch: TrainBatch) -> None:
@@ -353,22 +346,27 @@ class RLOOTrainer:
     def _save_checkpoint(self) -> Path:
         self._checkpoint_due = False
         require_finite_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
-        path = checkpoints.save_checkpoint(
-            self.output_dir,
-            self.state.global_step,
-            model=self.unwrapped_model,
-            tokenizer=self.processing_class,
-            training_state=checkpoints.training_state(self.optimizer, self.scheduler, self.generator, self.sampler),
-            trainer_state=self.state.to_dict(),
-            config_yaml=config_yaml(self.args.to_dict(), self.run_config),
-            save_total_limit=self.args.save_total_limit,
+        rng = self.ranks.gather_objects(rng_state())
+        state = checkpoints.training_state(self.optimizer, self.scheduler, self.sampler, rng_per_rank=rng)
+        path = self.ranks.on_main(
+            lambda: checkpoints.save_checkpoint(
+                self.output_dir,
+                self.state.global_step,
+                model=self.unwrapped_model,
+                tokenizer=self.processing_class,
+                training_state=state,
+                trainer_state={**self.state.to_dict(), "world_size": self.ranks.world_size},
+                config_yaml=config_yaml(self.args.to_dict(), self.run_config),
+                save_total_limit=self.args.save_total_limit,
+            )
         )
         run_callbacks(self.callbacks, "on_save", self, path)
         return path
 
     def _load_checkpoint(self, path: Path) -> None:
-        objects = (self.optimizer, self.scheduler, self.generator, self.sampler)
-        trainer_state = checkpoints.restore_checkpoint(path, self.unwrapped_model, *objects)
+        objects = (self.optimizer, self.scheduler, self.sampler)
+        trainer_state = checkpoints.restore_checkpoint(path, self.unwrapped_model, *objects, rank=self.ranks.rank)
+        trainer_state.pop("world_size", None)
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 
@@ -378,19 +376,24 @@ class RLOOTrainer:
         generator and group ids, it leaves the trainer state and so the training run alone."""
         if self.eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
-        generator = torch.Generator(device=self.accelerator.device).manual_seed(self.args.seed + 1)
-        size, total = self.args.prompts_per_generation, len(self.eval_dataset)
-        rewards = []
-        for start in range(0, total, size):
-            indices = list(range(start, min(start + size, total)))
-            scored = self._scored_rollout(self.eval_dataset, indices, range(start, start + len(indices)), generator)
-            rewards.append(scored.rewards.rewards_or_nan())
-        return eval_metrics(torch.cat(rewards))
+        dataset = self.eval_dataset
+
+        def score(indices: list[int], batch: int) -> Tensor:  # seeded per batch: any process count agrees
+            generator = torch.Generator(self.accelerator.device).manual_seed(eval_seed(self.args.seed, batch))
+            scored = self._scored_rollout(dataset, indices, range(indices[0], indices[-1] + 1), generator)
+            return scored.rewards.rewards_or_nan().cpu()
+
+        shares = self.ranks.map_batches(score, len(dataset), self.args.prompts_per_generation)
+        return eval_metrics(torch.cat(shares))
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
         path = Path(output_dir or self.args.output_dir)
         require_finite_weights(self.unwrapped_model, str(path))
-        checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
-        checkpoints.save_pretrained_quietly(self.processing_class, path)
+
+        def save() -> None:
+            checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
+            checkpoints.save_pretrained_quietly(self.processing_class, path)
+
+        self.ranks.on_main(save)
         return path

@@ -115,3 +115,18 @@ def signal_after(calls: int, signum: int = 15) -> Any:
 def token_id_sum(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
     """The sum of a completion's token ids: equal rewards mean (almost surely) equal completions."""
     return [float(sum(ids)) for ids in completion_ids]
+
+
+_calls = {"frac7_stopping": 0}
+
+
+def frac7_stopping(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """``frac7``; when ``RLOO_TEST_SIGTERM_AT=N`` is set, the process of rank 0 also sends itself
+    SIGTERM on its N-th call, as a scheduler would (importable from a run file)."""
+    import os
+
+    _calls["frac7_stopping"] += 1
+    at = os.environ.get("RLOO_TEST_SIGTERM_AT")
+    if at and os.environ.get("RANK", "0") == "0" and _calls["frac7_stopping"] == int(at):
+        os.kill(os.getpid(), 15)
+    return frac7(completion_ids)

@@ -1,0 +1,96 @@
+"""Phase 5 of the loop: one optimizer step over a set of micro-batches.
+
+The loss of every pass is normalized by the totals of the whole step, summed over processes
+(:mod:`rloo.training.distributed`); rows with zero advantage skip their backward when that is
+exact (no KL or entropy term in the loss); the rest is cut into passes that keep the logits
+within ``max_logits_memory_mb``. Gradients are summed over processes once, after the last pass,
+then clipped; a step whose loss or gradient is not finite makes no update
+(:class:`rloo.training.guards.NonFiniteGuard`), on every process alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rloo.config import RLOOConfig
+from rloo.training.batches import TrainBatch, plan_passes, take_rows, trainable_rows
+from rloo.training.distributed import Ranks, reduce_step_metrics
+from rloo.training.guards import NonFiniteGuard
+from rloo.training.metrics import update_metrics
+from rloo.training.optimization import zero_grads_if_none
+from rloo.training.passes import pass_loss
+
+
+@dataclass
+class StepOutcome:
+    metrics: dict[str, float]
+    skipped: bool  # non-finite loss or gradient: no update was made
+
+
+class Updater:
+    """Takes optimizer steps for one run: the model, its optimizer and schedule, the processes.
+
+    ``model`` is the unwrapped module: under DDP its wrapper only broadcast the initial weights;
+    passes bypass it, so no per-backward all-reduce or buffer broadcast runs (processes may run
+    different numbers of passes, which DDP's collectives would not survive), and the gradients
+    are summed by one all-reduce per step instead.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        accelerator: Any,
+        ranks: Ranks,
+        args: RLOOConfig,
+        loss_beta: float,
+        objective: dict[str, Any],
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.accelerator, self.ranks, self.args = accelerator, ranks, args
+        self.objective = objective
+        self.exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and loss_beta == 0
+        self.guard = NonFiniteGuard(args.max_nonfinite_steps)
+
+    def step(self, batch: TrainBatch, step_rows: list[Tensor], max_rows: int, global_step: int) -> StepOutcome:
+        """One optimizer step over ``step_rows`` (this process's micro-batches of the step)."""
+        args = self.args
+        all_rows = torch.cat(step_rows)
+        tokens, sequences = self.ranks.sum([float(batch.loss_mask[all_rows].sum()), float(all_rows.numel())])
+        active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
+        self.model.train()
+        results = []
+        for rows in plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows):
+            with self.accelerator.autocast():
+                result = pass_loss(
+                    self.model,
+                    take_rows(batch, rows),
+                    temperature=args.temperature,
+                    entropy_coef=args.entropy_coef,
+                    total_tokens=tokens,
+                    total_sequences=sequences,
+                    **self.objective,
+                )
+            self.accelerator.backward(result.loss)
+            results.append(result)
+        zero_grads_if_none(self.model)
+        self.ranks.sum_gradients(self.model)
+        max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+        local = update_metrics(results)
+        local["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
+        metrics = reduce_step_metrics(self.ranks.gather_objects(local))
+        skipped = not self.guard.step_is_finite([metrics["loss"]], grad_norm, global_step + 1)
+        if not skipped:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics["train/nonfinite_steps"] = float(self.guard.total)
+        metrics["grad_norm"] = grad_norm
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        return StepOutcome(metrics, skipped)

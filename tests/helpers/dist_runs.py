@@ -1,0 +1,57 @@
+"""Training runs through the Python API, launched by ``tests/test_distributed.py`` under
+``torchrun`` (N processes) or plain ``python`` (one process): the same global batch either way.
+
+``python tests/helpers/dist_runs.py OUT`` trains one short run per loss aggregation mode, with
+advantage normalization off and on (and one ``reinforce_pp`` run, whose baseline is the batch
+mean), each on 8 completions per step over all processes, and has the main process write each
+run's final parameters (``OUT/<case>.safetensors``) and logged metrics (``OUT/<case>.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from rloo import RLOOTrainer
+from rloo.algo.losses import AGGREGATION_MODES
+from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+COMPLETIONS_PER_STEP = 8
+
+CASES = [(mode, normalize, "rloo") for mode in AGGREGATION_MODES for normalize in (False, True)]
+CASES.append(("token_mean", False, "reinforce_pp"))
+
+
+def case_name(mode: str, normalize: bool, estimator: str) -> str:
+    return f"{estimator}-{mode}-{'norm' if normalize else 'raw'}"
+
+
+def main(out: Path) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for mode, normalize, estimator in CASES:
+        name = case_name(mode, normalize, estimator)
+        tok = make_tokenizer()
+        args = config(
+            out / f"world{world}" / name,
+            per_device_train_batch_size=COMPLETIONS_PER_STEP // world,
+            num_generations=2,
+            beta=0.05,
+            loss_aggregation=mode,
+            normalize_advantages=normalize,
+            advantage_estimator=estimator,
+            max_steps=2,
+        )
+        trainer = RLOOTrainer(make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok)
+        trainer.train()
+        if trainer.ranks.is_main:
+            params = {k: v.detach().contiguous() for k, v in trainer.unwrapped_model.named_parameters()}
+            save_file(params, str(out / f"{name}.safetensors"))
+            (out / f"{name}.json").write_text(json.dumps(trainer.state.log_history))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
