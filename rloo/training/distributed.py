@@ -177,10 +177,11 @@ def cpu_processes() -> bool:
     return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def eval_seed(seed: int, batch: int) -> int:
-    """The sampling seed of evaluation batch ``batch``: ``(seed + 1) * 1_000_003 + batch``. One per
-    batch, not one stream per process, so any number of processes samples the same completions."""
-    return (seed + 1) * 1_000_003 + batch
+def eval_seed(seed: int) -> int:
+    """The sampling seed of evaluation: ``(seed + 1) * 1_000_003``, a stream apart from training's
+    (``seed``). Completions are seeded one by one (keyed by the eval row), so evaluation gives the
+    same numbers on any number of processes and with any batch size."""
+    return (seed + 1) * 1_000_003
 
 
 def _device() -> torch.device:

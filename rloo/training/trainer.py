@@ -378,9 +378,9 @@ class RLOOTrainer:
             raise ValueError("evaluate() needs an eval_dataset")
         dataset = self.eval_dataset
 
-        def score(indices: list[int], batch: int) -> Tensor:  # seeded per batch: any process count agrees
-            generator = torch.Generator(self.accelerator.device).manual_seed(eval_seed(self.args.seed, batch))
-            scored = self._scored_rollout(dataset, indices, range(indices[0], indices[-1] + 1), generator)
+        def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
+            groups = range(indices[0], indices[-1] + 1)
+            scored = self._scored_rollout(dataset, indices, groups, sampling_seed=eval_seed(self.args.seed))
             return scored.rewards.rewards_or_nan().cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.prompts_per_generation)

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from peft import LoraConfig
 from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
@@ -24,6 +25,9 @@ COMPLETIONS_PER_STEP = 8
 
 CASES = [(mode, normalize, "rloo") for mode in AGGREGATION_MODES for normalize in (False, True)]
 CASES.append(("token_mean", False, "reinforce_pp"))
+# LoRA (the reference is the base model, adapters disabled) and an evaluation every step,
+# sharded over the processes (5 eval prompts: an uneven split)
+CASES.append(("token_mean", False, "lora+eval"))
 
 
 def case_name(mode: str, normalize: bool, estimator: str) -> str:
@@ -35,6 +39,7 @@ def main(out: Path) -> None:
     for mode, normalize, estimator in CASES:
         name = case_name(mode, normalize, estimator)
         tok = make_tokenizer()
+        lora_eval = estimator == "lora+eval"
         args = config(
             out / f"world{world}" / name,
             per_device_train_batch_size=COMPLETIONS_PER_STEP // world,
@@ -42,10 +47,14 @@ def main(out: Path) -> None:
             beta=0.05,
             loss_aggregation=mode,
             normalize_advantages=normalize,
-            advantage_estimator=estimator,
+            advantage_estimator="rloo" if lora_eval else estimator,
             max_steps=2,
+            eval_steps=1 if lora_eval else None,
         )
-        trainer = RLOOTrainer(make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok)
+        extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
+        trainer = RLOOTrainer(
+            make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok, **(extra if lora_eval else {})
+        )
         trainer.train()
         if trainer.ranks.is_main:
             params = {k: v.detach().contiguous() for k, v in trainer.unwrapped_model.named_parameters()}
