@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from rloo.config import RLOOConfig
+from rloo.config.legacy import REFUSED, RENAMED
 from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
 
@@ -128,9 +129,10 @@ def build_config(values: dict[str, Any]) -> RLOOConfig:
     valid = [*fields, *RUN_KEYS]
     checked = {}
     for key, value in values.items():
-        if key not in fields:
+        name = RENAMED.get(key, key)  # an older TRL name (kl_coef): RLOOConfig maps it and warns
+        if name not in fields and key not in REFUSED:  # a refused older name: RLOOConfig says what to set
             raise _unknown_key(key, valid)
-        checked[key] = coerce_field(key, value, _annotation_text(annotations[key]))
+        checked[key] = coerce_field(key, value, _annotation_text(annotations[name])) if name in fields else value
     return RLOOConfig(**checked)
 
 

@@ -1,5 +1,6 @@
 """``FrozenAfterInit``: a dataclass base that rejects unknown keywords with the closest field name
-and becomes read-only once ``__post_init__`` calls ``_freeze()``.
+and becomes read-only once ``__post_init__`` calls ``_freeze()``. A subclass may rewrite its
+constructor keywords first (``_translate_keywords``: older names -> today's).
 
 Not ``@dataclass(frozen=True)``: ``__post_init__`` must normalize and resolve fields (presets,
 tuples, mappings) before the object is frozen, and the errors name the fix
@@ -9,13 +10,28 @@ tuples, mappings) before the object is frozen, and the errors name the fix
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from rloo.suggest import unknown_name_error
 
 
-class FrozenAfterInit:
+class _TranslatesKeywords(type):
+    """Passes the constructor keywords through ``cls._translate_keywords`` before ``__new__`` and the
+    dataclass ``__init__`` see them (both take the same keywords, so only the metaclass can rewrite them)."""
+
+    _translate_keywords: Callable[[dict[str, Any]], dict[str, Any]]
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **cls._translate_keywords(kwargs))
+
+
+class FrozenAfterInit(metaclass=_TranslatesKeywords):
     _frozen: bool
+
+    @staticmethod
+    def _translate_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # an unknown keyword gets the closest field name, not Python's bare TypeError

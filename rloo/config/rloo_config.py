@@ -8,6 +8,8 @@ Departures, on purpose:
 - ``gradient_checkpointing`` defaults to False (TRL: True): it trades speed for memory,
   a choice the user makes.
 - ``max_prompt_length`` exists (TRL has none): longer prompts are truncated from the left.
+- ``fp16=True`` without a CUDA GPU trains in fp32 with a warning (TRL: an error). Older TRL names
+  (``kl_coef``, ``rloo_k``, ...) are accepted with a warning: :mod:`rloo.config.legacy`.
 - The algorithm knobs (advantage estimator, KL estimator and placement, ratio level, loss
   aggregation, clipping) default to ``None`` = "from the preset"; the default preset
   ``trl`` is TRL's math.
@@ -24,8 +26,9 @@ from typing import Any
 
 from rloo.config.frozen import FrozenAfterInit
 from rloo.config.health import resolve_health_thresholds
+from rloo.config.legacy import accept_older_names
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
-from rloo.config.validation import fail, validate
+from rloo.config.validation import OPTIMIZERS, fail, validate
 
 
 def option(default: Any, help: str, *, trl: str | None = None) -> Any:
@@ -189,7 +192,7 @@ class RLOOConfig(FrozenAfterInit):
     )
     entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
     # --- optimization ---
-    learning_rate: float = option(1e-6, "Peak AdamW learning rate, > 0 (1e-6 is typical for RL).", trl="learning_rate")
+    learning_rate: float = option(1e-6, "Peak learning rate, > 0 (1e-6 is typical for RL).", trl="learning_rate")
     per_device_train_batch_size: int = option(
         8,
         "Completions (not prompts) per micro-batch on one process, >= 1: 8 with num_generations=4 is 2 prompts.",
@@ -230,7 +233,13 @@ class RLOOConfig(FrozenAfterInit):
         "train/nonfinite_steps and warned; after this many in a row training stops, keeping its checkpoints.",
         trl=None,
     )
-    weight_decay: float = option(0.0, "AdamW decoupled weight decay, >= 0.", trl="weight_decay")
+    optim: str = option(
+        "adamw_torch",
+        f"Optimizer, built by transformers' factory: one of {', '.join(OPTIMIZERS)} (the 8-bit ones need "
+        "bitsandbytes and a CUDA GPU). The adam_* fields apply to the AdamW ones.",
+        trl="optim",
+    )
+    weight_decay: float = option(0.0, "Weight decay of all trainable weights, >= 0.", trl="weight_decay")
     adam_beta1: float = option(0.9, "AdamW beta1 (decay of the gradient mean), in [0, 1).", trl="adam_beta1")
     adam_beta2: float = option(0.999, "AdamW beta2 (decay of the squared gradient), in [0, 1).", trl="adam_beta2")
     adam_epsilon: float = option(1e-8, "AdamW epsilon added to the denominator, >= 0.", trl="adam_epsilon")
@@ -238,6 +247,9 @@ class RLOOConfig(FrozenAfterInit):
         None,
         "bf16 mixed precision: True, False (fp32), or None = bf16 on GPUs that support it, fp32 elsewhere (TRL: True).",
         trl="bf16",
+    )
+    fp16: bool = option(
+        False, "fp16 autocast + gradient scaler on a CUDA GPU (else fp32, warned); not with bf16=True.", trl="fp16"
     )
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
@@ -296,6 +308,7 @@ class RLOOConfig(FrozenAfterInit):
     preset_overrides: dict[str, tuple[Any, Any]] = field(init=False, repr=False)
     _given: dict[str, Any] = field(init=False, repr=False, compare=False)
     _frozen: bool = field(init=False, repr=False, compare=False, default=False)
+    _translate_keywords = staticmethod(accept_older_names)  # kl_coef=... -> beta=..., before __init__
 
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)
@@ -331,6 +344,7 @@ class RLOOConfig(FrozenAfterInit):
         ``dataclasses.replace`` works too, but it passes every resolved knob as if set by hand,
         so a changed ``preset`` would not apply to them; this method does not.
         """
+        changes = accept_older_names(changes)
         given = {key: value for key, value in self._given.items() if key not in changes}
         return RLOOConfig(**{**self.to_dict(), **given, **changes})
 

@@ -15,12 +15,24 @@ from typing import TYPE_CHECKING, Any
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+from rloo.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from rloo.config.rloo_config import RLOOConfig
 
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
 REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")
+# transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
+OPTIMIZERS: tuple[str, ...] = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "sgd",
+    "adagrad",
+    "rmsprop",
+    "adamw_8bit",
+    "paged_adamw_8bit",
+)
 
 
 def fail(name: str, value: Any, fix: str) -> ValueError:
@@ -164,6 +176,10 @@ def _check_optimization(config: RLOOConfig) -> None:
         raise fail("max_grad_norm", config.max_grad_norm, "must be >= 0 (0 disables gradient clipping)")
     if not config.weight_decay >= 0:
         raise fail("weight_decay", config.weight_decay, "must be >= 0")
+    if config.optim not in OPTIMIZERS:
+        raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
+    if config.fp16 and config.bf16:
+        raise fail("fp16", config.fp16, "fp16 and bf16 are both True; choose one (bf16 where the GPU supports it)")
     if config.max_steps == 0 or config.max_steps < -1:
         raise fail("max_steps", config.max_steps, "must be >= 1, or -1 to train for num_train_epochs")
     if config.max_nonfinite_steps < 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,15 @@ def bf16_supported() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
-def resolve_mixed_precision(bf16: bool | None) -> str:
-    """Accelerate's ``mixed_precision``: ``bf16`` when asked or (unset) supported, else ``no``."""
+def resolve_mixed_precision(bf16: bool | None, fp16: bool = False) -> str:
+    """Accelerate's ``mixed_precision``: ``fp16`` (autocast and a gradient scaler) when asked on a CUDA
+    GPU; asked without one, ``no`` with a warning (TRL's ``fp16=not bf16_supported()`` is True on every
+    CPU); else ``bf16`` when asked or (unset) supported, else ``no``. RLOOConfig refuses both True."""
+    if fp16:
+        if torch.cuda.is_available():
+            return "fp16"
+        warnings.warn("fp16=True needs a CUDA GPU and there is none: training in fp32 instead", stacklevel=2)
+        return "no"
     use_bf16 = bf16_supported() if bf16 is None else bf16
     return "bf16" if use_bf16 else "no"
 

@@ -1,15 +1,30 @@
-"""The optimizer and learning-rate schedule of a run, and how many steps it takes."""
+"""The optimizer and learning-rate schedule of a run, and how many steps it takes.
+
+``optim`` names an optimizer as transformers does (``TrainingArguments.optim``), and the class
+and keyword arguments come from transformers' own factory, ``Trainer.get_optimizer_cls_and_kwargs``,
+so ``adafactor`` or ``adamw_8bit`` are built exactly as a TRL run builds them. The factory reads a
+handful of ``TrainingArguments`` fields; it gets them from :class:`_FactoryArgs`, not from a real
+``TrainingArguments``: constructing one resets accelerate's shared state (its ``__post_init__``
+sets up devices), which breaks the trainer's live ``Accelerator``, and it validates dozens of
+fields rloo does not have. Where we depart from transformers' Trainer: ``weight_decay`` applies
+to every trainable parameter (the Trainer exempts biases and norm weights), as rloo always did,
+and ``optim_args`` is not supported.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import get_scheduler
+from transformers import Trainer, get_scheduler
 
 from rloo.config import RLOOConfig
+
+BITSANDBYTES_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
 def total_steps(args: RLOOConfig, num_prompts: int, world_size: int = 1) -> int:
@@ -21,17 +36,53 @@ def total_steps(args: RLOOConfig, num_prompts: int, world_size: int = 1) -> int:
     return max(1, generations * args.optimizer_steps_per_generation)
 
 
-def build_optimizer(model: nn.Module, args: RLOOConfig, max_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters, and the ``lr_scheduler_type`` schedule with warmup
-    (``warmup_steps``, else ``warmup_ratio`` of ``max_steps``)."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable,
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        weight_decay=args.weight_decay,
+@dataclass(frozen=True)
+class _FactoryArgs:
+    """The ``TrainingArguments`` fields transformers' optimizer factory reads for rloo's optimizers."""
+
+    optim: str
+    learning_rate: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    weight_decay: float
+    optim_args: str | None = None
+
+
+def optimizer_class_and_kwargs(args: RLOOConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The ``optim`` optimizer class and its keyword arguments (``lr``, the ``adam_*`` fields for the
+    AdamW ones, ``weight_decay``), from transformers' factory; the parameters are not included."""
+    check_optimizer_available(args.optim)
+    view = _FactoryArgs(
+        args.optim, args.learning_rate, args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay
     )
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(view)  # type: ignore[arg-type]
+    # torch's AdamW would default to 0.01; the factory leaves weight decay to the Trainer's param groups
+    return optimizer_cls, {**kwargs, "weight_decay": args.weight_decay}
+
+
+def check_optimizer_available(optim: str) -> None:
+    """Raise a ``ValueError`` naming what is missing when ``optim`` needs bitsandbytes and a CUDA GPU."""
+    if optim not in BITSANDBYTES_OPTIMIZERS:
+        return
+    has_package, has_gpu = importlib.util.find_spec("bitsandbytes") is not None, torch.cuda.is_available()
+    if has_package and has_gpu:
+        return
+    lacks = " and ".join(
+        what for what, ok in (("the bitsandbytes package", has_package), ("a CUDA GPU", has_gpu)) if not ok
+    )
+    raise ValueError(
+        f"RLOOConfig.optim={optim!r} needs the bitsandbytes package and a CUDA GPU; this machine lacks {lacks}. "
+        "Use optim='adamw_torch' (or 'adafactor', less memory) here, or a GPU machine with `pip install bitsandbytes`"
+    )
+
+
+def build_optimizer(model: nn.Module, args: RLOOConfig, max_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """The ``optim`` optimizer over the trainable parameters (AdamW by default), and the
+    ``lr_scheduler_type`` schedule with warmup (``warmup_steps``, else ``warmup_ratio`` of ``max_steps``)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer_cls, kwargs = optimizer_class_and_kwargs(args)
+    optimizer = optimizer_cls(trainable, **kwargs)
     warmup = args.warmup_steps or math.ceil(args.warmup_ratio * max_steps)
     return optimizer, get_scheduler(args.lr_scheduler_type, optimizer, warmup, max_steps)
 

@@ -1,0 +1,79 @@
+"""Older TRL names of ``RLOOConfig`` fields: accepted where the meaning is unchanged, refused
+with the fix where it is not.
+
+TRL's RLOOTrainer before 0.22 (the PPO-style one) named several settings differently. TRL
+0.22-0.24 still took them (``_DEPRECATED_PARAMS`` and ``_REMOVED_PARAMS`` in
+``trl/trainer/rloo_config.py`` at v0.22.0), and tutorials still write them. A renamed field's
+value goes to today's field with a one-line ``FutureWarning``; ``config.yaml`` records only
+today's name. Where we depart from TRL 0.22:
+
+- One setting given under both names with different values is an error (TRL let the old
+  name win).
+- Names whose TRL mapping changes what they do are refused, naming what to set:
+  ``num_mini_batches`` counted optimizer steps per batch, ``steps_per_generation`` counts
+  micro-batches (equal only when gradient_accumulation_steps is 1); ``normalize_reward``
+  whitened rewards, not advantages; ``total_episodes`` counted completions, not steps.
+- Names TRL dropped, which it warned about and then ignored, are refused too: a field that
+  is accepted must do what it says.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+# older TRL name -> today's field, same meaning (TRL v0.22.0 _DEPRECATED_PARAMS)
+RENAMED: dict[str, str] = {
+    "rloo_k": "num_generations",
+    "kl_coef": "beta",
+    "cliprange": "epsilon",
+    "num_ppo_epochs": "num_iterations",
+    "response_length": "max_completion_length",
+}
+
+# older TRL name -> what to do instead (the rest of TRL v0.22.0's deprecated and removed names)
+REFUSED: dict[str, str] = {
+    "num_mini_batches": "it counted optimizer steps per batch; set steps_per_generation = num_mini_batches x "
+    "gradient_accumulation_steps (micro-batches per generation batch)",
+    "normalize_reward": "rloo does not whiten rewards; normalize_advantages=True whitens the advantages, "
+    "which TRL 0.22 mapped it to",
+    "total_episodes": "it counted completions; set max_steps (optimizer steps) or num_train_epochs",
+    "exp_name": "TRL 0.22 renamed it run_name, which rloo has no field for; output_dir names the run",
+    "token_level_kl": "TRL 0.22 dropped it (the KL is per sequence); kl_placement puts it in the reward or the loss",
+    "dataset_num_proc": "TRL 0.22 dropped it (it was unused); delete it",
+    "local_rollout_forward_batch_size": "TRL 0.22 dropped it; rloo splits forward passes by max_logits_memory_mb",
+    "num_sample_generations": "TRL 0.22 dropped it; log_completions=True writes completions every logging_steps",
+    "stop_token": "TRL 0.22 dropped it; completions end at the tokenizer's EOS token",
+    "stop_token_id": "TRL 0.22 dropped it; completions end at the tokenizer's EOS token",
+    "missing_eos_penalty": "TRL 0.22 dropped it; write a reward function that checks completion_ids for the EOS "
+    "token, or set mask_truncated_completions=True",
+}
+
+
+def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
+
+    Raises ``ValueError`` for a refused name, and for an older and a current name of one field
+    given different values (naming both). Called by the constructor and by ``replace``;
+    ``stacklevel=3`` points the warning at the caller of either.
+    """
+    out = dict(kwargs)
+    for old in kwargs:
+        if old in REFUSED:
+            raise ValueError(f"RLOOConfig({old}=...) is an older TRL name rloo does not accept: {REFUSED[old]}")
+        if old not in RENAMED:
+            continue
+        new, value = RENAMED[old], out.pop(old)
+        if new in out and out[new] != value:
+            raise ValueError(
+                f"RLOOConfig got {old}={value!r} and {new}={out[new]!r}: {old} is TRL's older name for {new}; "
+                f"give only {new}"
+            )
+        out[new] = value
+        warnings.warn(
+            f"RLOOConfig({old}=...) is TRL's older name for {new}; write {new}={value!r} (config.yaml records {new})",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return out
