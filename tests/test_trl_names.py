@@ -186,11 +186,6 @@ def test_fp16_config_trains_on_cpu_in_fp32(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without CUDA")
-@pytest.mark.xfail(
-    strict=True,
-    reason="rloo/training/trainer.py still calls resolve_mixed_precision(args.bf16) without args.fp16; "
-    "remove this mark once it passes fp16",
-)
 def test_the_trainer_warns_once_about_the_fp16_fallback(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -298,3 +293,26 @@ def test_8bit_optim_names_the_missing_package_and_hardware(
 def test_the_trainer_refuses_an_8bit_optim_it_cannot_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs the bitsandbytes package and a CUDA GPU"):
         trainer(tmp_path, optim="adamw_8bit")
+
+
+def test_the_older_reward_model_keyword_is_reward_funcs(tmp_path: Path) -> None:
+    from rloo import RLOOTrainer
+    from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+    tok = make_tokenizer()
+    with pytest.warns(FutureWarning, match="reward_model=...\\) is TRL's older name for reward_funcs"):
+        run = RLOOTrainer(
+            make_model(tok), reward_model=frac7, args=config(tmp_path), train_dataset=dataset(), processing_class=tok
+        )
+    assert run.reward_funcs == [frac7]
+    with pytest.raises(ValueError, match="got reward_funcs and reward_model"):
+        RLOOTrainer(
+            make_model(tok),
+            frac7,
+            reward_model=frac7,
+            args=config(tmp_path),
+            train_dataset=dataset(),
+            processing_class=tok,
+        )
+    with pytest.raises(ValueError, match="needs reward_funcs"):
+        RLOOTrainer(make_model(tok), args=config(tmp_path), train_dataset=dataset(), processing_class=tok)

@@ -77,3 +77,25 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             stacklevel=3,
         )
     return out
+
+
+def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:
+    """``RLOOTrainer(reward_model=...)``, the older TRL keyword (still in tutorials), as ``reward_funcs``,
+    with a one-line warning; both given is an error naming both."""
+    if reward_model is None:
+        if reward_funcs is None:
+            raise ValueError(
+                "RLOOTrainer needs reward_funcs: a function, a built-in reward name, a reward model, or a list"
+            )
+        return reward_funcs
+    if reward_funcs is not None:
+        raise ValueError(
+            "RLOOTrainer got reward_funcs and reward_model: reward_model is TRL's older name for reward_funcs; "
+            "give only reward_funcs (a list holds several)"
+        )
+    warnings.warn(
+        "RLOOTrainer(reward_model=...) is TRL's older name for reward_funcs; write reward_funcs=...",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return reward_model

@@ -31,6 +31,7 @@ from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normaliz
 from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.config import RLOOConfig, as_config
+from rloo.config.legacy import reward_funcs_or_reward_model
 from rloo.data.loading import load_train_and_eval
 from rloo.data.prompts import gather_columns
 from rloo.data.sampler import PromptSampler
@@ -84,7 +85,7 @@ class RLOOTrainer:
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: Any,
+        reward_funcs: Any = None,
         args: RLOOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -92,6 +93,7 @@ class RLOOTrainer:
         reward_processing_classes: Any = None,
         peft_config: Any = None,
         callbacks: list[Any] | None = None,
+        reward_model: Any = None,  # TRL's older name for reward_funcs
     ) -> None:
         # the config is frozen: what is read here is what config.yaml records
         self.args = args = as_config(args)
@@ -99,7 +101,9 @@ class RLOOTrainer:
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
         self._objective = objective_settings(self.spec, self.loss_beta, args.max_completion_length)
         set_seed(args.seed)
-        self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(args.bf16), cpu=cpu_processes())
+        self.accelerator = Accelerator(
+            mixed_precision=resolve_mixed_precision(args.bf16, args.fp16), cpu=cpu_processes()
+        )
         check_engine(self.accelerator.distributed_type)
         self.ranks = Ranks.from_accelerator(self.accelerator)
         self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
@@ -115,7 +119,7 @@ class RLOOTrainer:
         )
         self.processing_class = load_tokenizer(model, processing_class)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
-        funcs = resolve_rewards(reward_funcs, reward_processing_classes)
+        funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
         self.rewards.check_arguments(self.train_dataset.column_names)
         self.reward_funcs = self.rewards.funcs  # TRL's attribute
@@ -140,14 +144,7 @@ class RLOOTrainer:
         self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
         self._stop = StopRequest()
         self.updater = Updater(
-            self.unwrapped_model,
-            self.optimizer,
-            self.scheduler,
-            self.accelerator,
-            self.ranks,
-            args,
-            self.loss_beta,
-            self._objective,
+            self.unwrapped_model, self.optimizer, self.scheduler, self.accelerator, self.ranks, args, self._objective
         )
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False

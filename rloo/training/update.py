@@ -48,13 +48,14 @@ class Updater:
         accelerator: Any,
         ranks: Ranks,
         args: RLOOConfig,
-        loss_beta: float,
         objective: dict[str, Any],
     ) -> None:
+        """``objective``: :func:`rloo.training.passes.objective_settings` (its ``kl_coef`` is beta when
+        the KL is in the loss, else 0)."""
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.accelerator, self.ranks, self.args = accelerator, ranks, args
         self.objective = objective
-        self.exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and loss_beta == 0
+        self.exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
 
     def step(self, batch: TrainBatch, step_rows: list[Tensor], max_rows: int, global_step: int) -> StepOutcome:
@@ -85,9 +86,15 @@ class Updater:
         local = update_metrics(results)
         local["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
         metrics = reduce_step_metrics(self.ranks.gather_objects(local))
-        skipped = not self.guard.step_is_finite([metrics["loss"]], grad_norm, global_step + 1)
-        if not skipped:
+        if self.accelerator.scaler is not None:
+            # fp16: an inf gradient is the scaler's overflow, handled by it (the step is skipped and the
+            # scale lowered inside optimizer.step()); only a non-finite loss counts as a bad step
+            skipped = not self.guard.step_is_finite([metrics["loss"]], 0.0, global_step + 1)
             self.optimizer.step()
+        else:
+            skipped = not self.guard.step_is_finite([metrics["loss"]], grad_norm, global_step + 1)
+            if not skipped:
+                self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics["train/nonfinite_steps"] = float(self.guard.total)
