@@ -1,11 +1,21 @@
-"""A KV cache that grows in place: preallocated once per rollout, no per-token copies.
+"""Prefix sharing and a KV cache that grows in place, for the sampler.
 
-``transformers``' ``DynamicCache`` appends every new token with ``torch.cat``, which copies
-the whole cache each step: O(T^2) memory traffic, 29% of CPU sampling time at 128 new
-tokens on a 36M-parameter model. After the prompt prefill we swap each layer for one
-that owns a buffer sized for the whole rollout and hands attention views of its filled
-part, so attention still sees exactly the tokens so far. Layers of another kind (sliding
-windows, other cache classes) are left as they are.
+Prefix sharing: each prompt is prefilled once and every state its cache holds is repeated
+for the prompt's K samples (:func:`share_prefill`). Hybrid linear-attention / state-space
+models hold more than keys and values per layer (convolution and recurrent states, in
+``LinearAttention*`` layers), and ``transformers``' own ``batch_repeat_interleave`` misses
+them (Falcon-H1's hybrid layers repeat the keys only) or is missing (``LinearAttentionLayer``),
+so the repetition is ours: a table of the per-row states each known layer type holds. A
+cache class or layer type not in the table, or a known layer holding a tensor the table
+does not name, is not shared: the sampler prefills the prompt K times instead (exact, slower).
+
+Preallocation: ``transformers``' ``DynamicCache`` appends every new token with ``torch.cat``,
+which copies the whole cache each step: O(T^2) memory traffic, 29% of CPU sampling time at
+128 new tokens on a 36M-parameter model. After the prompt prefill we swap each plain
+``DynamicLayer`` for one that owns a buffer sized for the whole rollout and hands attention
+views of its filled part, so attention still sees exactly the tokens so far. Layers of
+another kind (sliding windows, linear attention and hybrid layers, other cache classes)
+are left as they are.
 """
 
 from __future__ import annotations
@@ -13,7 +23,76 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionLayer,
+)
+
+_KEY_VALUE = ("keys", "values")
+_LINEAR = ("conv_states", "recurrent_states")  # dicts: state index -> (B, ...) tensor or None
+# every per-row state (batch first) each known layer type holds
+ROW_STATES: dict[type, tuple[str, ...]] = {
+    DynamicLayer: _KEY_VALUE,
+    DynamicSlidingWindowLayer: _KEY_VALUE,
+    LinearAttentionLayer: _LINEAR,
+    LinearAttentionAndFullAttentionLayer: _KEY_VALUE + _LINEAR,
+    LinearAttentionAndSlidingWindowAttentionLayer: _KEY_VALUE + _LINEAR,
+    DummyLayer: (),
+}
+# tensors a known layer holds that are the same for every row
+_SHARED_TENSORS = frozenset({"_sliding_window_tensor"})
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, list | tuple) and any(_holds_tensor(item) for item in value)
+
+
+def _tensor_attributes(obj: Any) -> set[str]:
+    return {name for name, value in vars(obj).items() if _holds_tensor(value)}
+
+
+def _repeat_rows(value: Any, repeats: int) -> Any:
+    """Row ``i`` of every tensor in ``value`` becomes rows ``i*repeats .. i*repeats + repeats - 1``."""
+    if isinstance(value, torch.Tensor):
+        return value.repeat_interleave(repeats, dim=0)
+    if isinstance(value, dict):
+        return {key: _repeat_rows(item, repeats) for key, item in value.items()}
+    return value  # None: a state this prefill did not fill
+
+
+def unshareable_layers(cache: Any) -> list[str]:
+    """The layer types of ``cache`` :func:`share_prefill` cannot repeat (the cache's class if it is
+    not a plain ``DynamicCache``); empty when it can repeat every state the cache holds."""
+    if type(cache) is not DynamicCache or _tensor_attributes(cache) - {"layers"}:
+        return [type(cache).__name__]
+    unknown = []
+    for layer in cache.layers:
+        states = ROW_STATES.get(type(layer))
+        if states is None or _tensor_attributes(layer) - set(states) - _SHARED_TENSORS:
+            unknown.append(type(layer).__name__)
+    return unknown
+
+
+def share_prefill(cache: Any, repeats: int) -> bool:
+    """Repeat every per-row state of ``cache`` ``repeats`` times along the batch, in place:
+    the cache of a prefill over P prompts becomes that of P*``repeats`` rows, the samples of a
+    prompt consecutive. Returns False, leaving ``cache`` untouched, when :func:`unshareable_layers`
+    names any type (the caller then prefills each row itself)."""
+    if unshareable_layers(cache):
+        return False
+    for layer in cache.layers:
+        for name in ROW_STATES[type(layer)]:
+            setattr(layer, name, _repeat_rows(getattr(layer, name), repeats))
+    return True
 
 
 class PreallocatedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
@@ -45,12 +124,12 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
 
 def preallocate(cache: Any, extra_tokens: int) -> Any:
-    """Give every plain dynamic layer of ``cache`` room for ``extra_tokens`` more tokens."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:
+    """Give every plain dynamic layer of a plain ``DynamicCache`` room for ``extra_tokens`` more
+    tokens. Other cache classes are left as they are: they may hold their layers' states elsewhere."""
+    if type(cache) is not DynamicCache:
         return cache
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if type(layer) is DynamicLayer and keys is not None and values is not None and keys.numel() > 0:
-            layers[index] = PreallocatedLayer(keys, values, keys.shape[-2] + extra_tokens)
+            cache.layers[index] = PreallocatedLayer(keys, values, keys.shape[-2] + extra_tokens)
     return cache

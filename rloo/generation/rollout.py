@@ -1,7 +1,8 @@
 """Rollouts: K sampled completions per prompt from the policy, with a KV cache.
 
 The sampling loop is ours rather than ``model.generate``: each prompt is prefilled once
-and its KV cache repeated for its K samples (no K-fold prompt prefill), sampling is one
+and its cache repeated for its K samples (no K-fold prompt prefill; every state of every
+layer, hybrid and state-space ones included: :mod:`rloo.generation.kv_cache`), sampling is one
 fused step (:func:`rloo.generation.sampling.sample_next_token`), the loop stops as soon as every row
 has emitted EOS, and the log-prob of each sampled token under the sampling policy is
 recorded on the way, so no extra forward pass is needed for it.
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_ids
-from rloo.generation.kv_cache import preallocate
+from rloo.generation.kv_cache import preallocate, share_prefill
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
 
@@ -65,6 +67,42 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
+# Mamba-style models (Mamba, Mamba2, FalconMamba) take and return their cache as cache_params
+CACHE_KEYWORDS = ("past_key_values", "cache_params")
+
+
+def returned_cache(model: nn.Module, out: Any) -> tuple[str, Any]:
+    """``(keyword, cache)``: the cache a ``use_cache=True`` forward returned and the keyword the
+    model takes it back by; a ``ValueError`` naming the model class when it returned none."""
+    for keyword in CACHE_KEYWORDS:
+        cache = getattr(out, keyword, None)
+        if cache is not None:
+            return keyword, cache
+    raise ValueError(
+        f"{type(model).__name__} returned no cache ({' or '.join(CACHE_KEYWORDS)}) from a forward with "
+        "use_cache=True, so rloo's sampler cannot decode with it; use a model that returns its cache"
+    )
+
+
+def prefill(model: nn.Module, ids: Tensor, mask: Tensor, k: int) -> tuple[str, Any, Tensor]:
+    """Prefill P left-padded prompts ``(P, Tp)`` for ``k`` samples each.
+
+    Each prompt is run once and its cache shared by its ``k`` rows
+    (:func:`rloo.generation.kv_cache.share_prefill`); a cache it cannot repeat exactly is
+    filled by a second prefill over the ``P*k`` rows instead. Returns ``(keyword, cache,
+    logits)``: :func:`returned_cache`'s keyword, the cache of ``P*k`` rows and the
+    last-position logits ``(P*k, V)``.
+    """
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    keyword, cache = returned_cache(model, out)
+    if k == 1 or share_prefill(cache, k):
+        return keyword, cache, out.logits[:, -1].repeat_interleave(k, dim=0)
+    ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    keyword, cache = returned_cache(model, out)
+    return keyword, cache, out.logits[:, -1]
+
+
 @torch.no_grad()
 def generate_rollouts(
     model: nn.Module,
@@ -81,7 +119,7 @@ def generate_rollouts(
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
-    The model must be in eval mode (no dropout) and accept ``past_key_values``. With
+    The model must be in eval mode (no dropout) and return its cache (:func:`returned_cache`). With
     ``sampling_seed``, completion ``j`` of group ``g`` is sampled from its own random stream
     (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s.
     """
@@ -91,11 +129,8 @@ def generate_rollouts(
     if sampling_seed is not None:
         uniforms = completion_uniforms(sampling_seed, group_ids, k, max_new_tokens, device)
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(k)
+    keyword, cache, logits = prefill(model, ids, mask, k)
     cache = preallocate(cache, max_new_tokens)
-    logits = out.logits[:, -1].repeat_interleave(k, dim=0)
     prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
     attention = prompt_mask_k
     next_position = attention.sum(dim=1, keepdim=True)
@@ -120,12 +155,13 @@ def generate_rollouts(
         attention = torch.cat([attention, torch.ones_like(token).unsqueeze(1)], dim=1)
         out = model(
             input_ids=token.unsqueeze(1),
-            attention_mask=attention,
+            # Mamba-style models mask each input position: a step's mask is its new token's
+            attention_mask=attention if keyword == "past_key_values" else attention[:, -1:],
             position_ids=next_position,
-            past_key_values=cache,
             use_cache=True,
+            **{keyword: cache},
         )
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = getattr(out, keyword), out.logits[:, -1]
         next_position = next_position + 1
     completion_ids = torch.stack(tokens, dim=1)
     completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
