@@ -100,11 +100,20 @@ def load_tokenizer(
     return tokenizer
 
 
+# float attributes some modules copy from the config at init (OPT's layers keep `dropout`,
+# `activation_dropout` and `layerdrop` as plain floats), so zeroing the config is not enough
+DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "hidden_dropout", "layerdrop")
+
+
 def disable_dropout(model: nn.Module) -> None:
-    """Set every dropout probability to 0 (attention dropout in configs included)."""
+    """Set every dropout probability to 0: ``nn.Dropout`` modules, float dropout attributes modules
+    keep, and the config's (attention dropout included)."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+        for name in DROPOUT_ATTRIBUTES:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
     config = getattr(model, "config", None)
     for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
         if config is not None and isinstance(getattr(config, name, None), float):
@@ -174,6 +183,21 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
+@torch.no_grad()
+def check_decodable(model: nn.Module) -> None:
+    """Refuse, at start-up, a model whose forward returns no cache: the sampler decodes with it
+    (a one-token forward; e.g. RecurrentGemma keeps its state inside its modules)."""
+    from rloo.generation.rollout import returned_cache
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        returned_cache(model, model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True))
+    finally:
+        model.train(was_training)
+
+
 def prepare_policy(
     model: str | PreTrainedModel,
     *,
@@ -191,6 +215,7 @@ def prepare_policy(
             f"{type(peft_config).__name__}; a run file's `peft:` mapping is converted for you"
         )
     policy: nn.Module = load_policy(model, init_kwargs)
+    check_decodable(policy)
     if no_dropout:
         disable_dropout(policy)
     if peft_config is not None:
