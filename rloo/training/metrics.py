@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rloo.algo.advantages import frac_zero_std_groups
 from rloo.pipeline import ScoredRollout
-from rloo.training.batches import PassResult, TrainBatch
+from rloo.training.batches import PassResult
 
 
 def _std(values: Tensor) -> float:
@@ -130,6 +130,7 @@ def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float
     truncated prompts, timings."""
     metrics = reward_metrics(record, names)
     metrics.update(completion_metrics(record.lengths, record.truncated))
+    metrics["completions/total_tokens"] = float(record.lengths.sum())  # over every process
     metrics.update(advantage_metrics(record.advantages, record.scorable))
     metrics["frac_reward_zero_std"] = frac_zero_std_groups(record.penalized, record.group_ids, record.scorable)
     # the same of the task rewards alone: the KL penalty breaks ties and hides a reward collapse
@@ -213,17 +214,16 @@ def eval_metrics(rewards: Tensor) -> dict[str, float]:
     }
 
 
-def step_timing(
-    metrics: dict[str, float], train_seconds: float, batch: TrainBatch, steps_per_generation: int
-) -> dict[str, float]:
+def step_timing(metrics: dict[str, float], train_seconds: float, steps_per_generation: int) -> dict[str, float]:
     """``timing/train`` and ``timing/step`` (the step's share of the generation batch's phases
-    1-4 plus its own update), and ``tokens_per_second`` generated per second of step time."""
+    1-4 plus its own update), and ``tokens_per_second`` generated (by every process) per second
+    of step time."""
     generation_seconds = metrics["timing/generate"] + metrics["timing/score"] + metrics["timing/reference"]
     seconds = generation_seconds + train_seconds * steps_per_generation
     return {
         "timing/train": train_seconds,
         "timing/step": train_seconds + generation_seconds / steps_per_generation,
-        "tokens_per_second": batch.rollout.num_completion_tokens / max(seconds, 1e-9),
+        "tokens_per_second": metrics["completions/total_tokens"] / max(seconds, 1e-9),
     }
 
 

@@ -292,7 +292,7 @@ class RLOOTrainer:
                     return
                 step_start = time.perf_counter()
                 step_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
-                self._finish_step({**batch.metrics, **step_metrics}, step_start, batch)
+                self._finish_step({**batch.metrics, **step_metrics}, step_start)
 
     def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor]) -> dict[str, float]:
         max_rows = self._max_rows(batch.rollout, cap=self.args.per_device_train_batch_size)
@@ -302,13 +302,11 @@ class RLOOTrainer:
         return outcome.metrics
 
     # ------------------------------------------------------------------ logging and checkpoints
-    def _finish_step(self, metrics: dict[str, float], step_start: float, batch: TrainBatch) -> None:
+    def _finish_step(self, metrics: dict[str, float], step_start: float) -> None:
         args, state = self.args, self.state
         state.global_step += 1
         state.epoch = self.sampler.epochs_completed_float
-        metrics.update(
-            step_timing(metrics, time.perf_counter() - step_start, batch, args.optimizer_steps_per_generation)
-        )
+        metrics.update(step_timing(metrics, time.perf_counter() - step_start, args.optimizer_steps_per_generation))
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
         self._raise_alerts(self.health.observe_step(state.health, state.global_step, metrics), metrics)
         self._window.append(metrics)
