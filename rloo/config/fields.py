@@ -1,0 +1,289 @@
+"""The fields of ``RLOOConfig``, each with its documentation: one dataclass, :class:`RLOOFields`,
+that :class:`rloo.config.rloo_config.RLOOConfig` extends with validation, preset resolution and
+freezing (departures from TRL are listed there).
+
+Kept apart from the class's behaviour so that either can grow; the order of the fields here is
+the order of ``RLOOConfig``'s constructor and of the README's field table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rloo.config.presets import PRESETS
+from rloo.config.validation import OPTIMIZERS
+
+
+def option(default: Any, help: str, *, trl: str | None = None) -> Any:
+    """A constructor field with its documentation: ``help`` (what it does, unit, range) and ``trl``,
+    the TRL 1.13 ``RLOOConfig``/``TrainingArguments`` field that means the same (None: no counterpart)."""
+    return field(default=default, metadata={"help": help, "trl": trl})
+
+
+@dataclass
+class RLOOFields:
+    """Every constructor argument of ``RLOOConfig``, with its default and documentation."""
+
+    # --- run ---
+    output_dir: str = option(
+        "runs/rloo", "Run folder: checkpoint-STEP/, config.yaml, metrics.jsonl, the final model.", trl="output_dir"
+    )
+    overwrite_output_dir: bool = option(
+        False,
+        "Allow a fresh run into an output_dir holding an earlier run (its logs are kept renamed, the rest "
+        "replaced), or a resume behind newer checkpoints (they are deleted). False refuses, changing nothing.",
+        trl="overwrite_output_dir",
+    )
+    seed: int = option(42, "Seed of the model init, the prompt order and sampling (eval: seed + 1).", trl="seed")
+    preset: str = option(
+        "trl",
+        f"Algorithm preset filling every algorithm knob left None: one of {', '.join(PRESETS)}; trl is the math "
+        "of TRL 1.13's RLOOTrainer. An explicit knob wins over the preset (printed at start-up).",
+        trl=None,
+    )
+    # --- data and generation ---
+    num_generations: int = option(
+        2, "Completions per prompt (K), >= 2: the leave-one-out baseline needs K - 1 others.", trl="num_generations"
+    )
+    max_prompt_length: int | None = option(
+        512,
+        "Prompt length limit in tokens, >= 1: longer prompts are truncated from the left (counted in "
+        "prompts/truncated). None = no truncation. TRL 1.13 has no such field.",
+        trl=None,
+    )
+    max_completion_length: int = option(
+        256,
+        "Most tokens generated per completion, >= 1; a completion with no EOS by then is truncated.",
+        trl="max_completion_length",
+    )
+    temperature: float = option(
+        1.0,
+        "Sampling temperature, > 0; as in TRL it also divides the logits when computing the log-probs for the loss.",
+        trl="temperature",
+    )
+    top_p: float = option(
+        1.0,
+        "Nucleus sampling: keep the likeliest tokens within this probability mass, in (0, 1]; 1.0 = off.",
+        trl="top_p",
+    )
+    top_k: int = option(0, "Sample among the k likeliest tokens only, >= 0; 0 disables it.", trl="top_k")
+    min_p: float | None = option(
+        None, "Drop tokens below min_p x the top token's probability, in [0, 1]; None disables it.", trl="min_p"
+    )
+    repetition_penalty: float = option(
+        1.0,
+        "Penalty on tokens already in the prompt or completion, > 0; > 1 discourages repeats, 1.0 disables it.",
+        trl="repetition_penalty",
+    )
+    generation_batch_size: int | None = option(
+        None,
+        "Completions per generation batch on one process: a multiple of per_device_train_batch_size and of "
+        "num_generations. None = per_device_train_batch_size x steps_per_generation; set one of the two, not both.",
+        trl="generation_batch_size",
+    )
+    steps_per_generation: int | None = option(
+        None,
+        "Micro-batches (of per_device_train_batch_size completions) per generation batch, >= 1, a multiple of "
+        "gradient_accumulation_steps. None = from generation_batch_size, else gradient_accumulation_steps.",
+        trl="steps_per_generation",
+    )
+    shuffle_dataset: bool = option(
+        True, "A new seeded random prompt order every epoch; False = dataset order.", trl="shuffle_dataset"
+    )
+    # --- algorithm (None = from the preset) ---
+    beta: float | None = option(
+        None,
+        "KL penalty coefficient against the frozen reference, >= 0; 0 disables the KL and builds no reference "
+        "model. None = from the preset (trl: 0.05).",
+        trl="beta",
+    )
+    num_iterations: int = option(
+        1,
+        "Optimizer passes over each generation batch, >= 1; > 1 computes old log-probs and uses the clipped ratio.",
+        trl="num_iterations",
+    )
+    epsilon: float | None = option(
+        None, "Lower clip range (ratio >= 1 - epsilon), in (0, 1). None = from the preset (trl: 0.2).", trl="epsilon"
+    )
+    epsilon_high: float | None = option(
+        None,
+        "Upper clip range (ratio <= 1 + epsilon_high), > 0. None = from the preset: equal to epsilon (dapo: 0.28).",
+        trl="epsilon_high",
+    )
+    clip_ratio: bool | None = option(
+        None,
+        "Clip the importance ratio to [1 - epsilon, 1 + epsilon_high]; False = unclipped (plain REINFORCE). "
+        "None = from the preset (trl: True, rloo_paper: False).",
+        trl=None,
+    )
+    advantage_estimator: str | None = option(
+        None,
+        "Baseline and scaling of the advantage: rloo (leave-one-out), grpo, group_mean, reinforce, reinforce_pp "
+        "or reinforce_pp_baseline. None = from the preset (trl: rloo).",
+        trl=None,
+    )
+    normalize_advantages: bool | None = option(
+        None,
+        "Whiten the advantages over the generation batch (mean 0, std 1). None = from the preset (trl: False).",
+        trl="normalize_advantages",
+    )
+    kl_estimator: str | None = option(
+        None,
+        "Per-token KL estimator of log-ratio x: k1 (x), k2 (x^2 / 2) or k3 (exp(-x) - 1 + x). None = from the "
+        "preset (trl: k1).",
+        trl=None,
+    )
+    kl_placement: str | None = option(
+        None,
+        "Where beta x KL goes: reward (subtracted from the reward before the baseline) or loss (added to the "
+        "per-completion loss). None = from the preset (trl: reward).",
+        trl=None,
+    )
+    ratio_level: str | None = option(
+        None,
+        "Importance ratio per completion (sequence) or per token (token). None = from the preset (trl: sequence).",
+        trl=None,
+    )
+    loss_aggregation: str | None = option(
+        None,
+        "How token losses become the loss: token_mean, seq_mean_token_mean, seq_mean_token_sum or "
+        "seq_mean_token_sum_norm. None = from the preset (trl: seq_mean_token_sum).",
+        trl=None,
+    )
+    mask_truncated_completions: bool | None = option(
+        None,
+        "Zero the loss of completions with no EOS. None = from the preset (trl: False, dapo: True).",
+        trl="mask_truncated_completions",
+    )
+    reward_weights: Sequence[float] | None = option(
+        None,
+        "One weight per reward function; the reward is the weighted sum of those that apply. None = all 1.0.",
+        trl="reward_weights",
+    )
+    reward_clip_range: tuple[float, float] | None = option(
+        None,
+        "(min, max): clamps the combined reward before the KL penalty and the baseline. None = no clipping.",
+        trl="reward_clip_range",
+    )
+    reward_timeout: float | None = option(
+        None, "Seconds a reward call may take, > 0; past it the call failed (see reward_error_policy). None: no limit."
+    )
+    reward_error_policy: str = option(
+        "raise",
+        "A reward call that raises, times out or returns a bad result: 'raise' stops the run naming it; "
+        "'skip' scores that batch 'does not apply' (rewards/<name>/failed).",
+    )
+    entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
+    # --- optimization ---
+    learning_rate: float = option(1e-6, "Peak learning rate, > 0 (1e-6 is typical for RL).", trl="learning_rate")
+    per_device_train_batch_size: int = option(
+        8,
+        "Completions (not prompts) per micro-batch on one process, >= 1: 8 with num_generations=4 is 2 prompts.",
+        trl="per_device_train_batch_size",
+    )
+    gradient_accumulation_steps: int = option(
+        1,
+        "Micro-batches per optimizer step, >= 1; also the default of steps_per_generation.",
+        trl="gradient_accumulation_steps",
+    )
+    max_steps: int = option(-1, "Optimizer steps to train, >= 1; -1 = from num_train_epochs.", trl="max_steps")
+    num_train_epochs: float = option(
+        1.0, "Passes over the training prompts when max_steps is -1, > 0 (fractions allowed).", trl="num_train_epochs"
+    )
+    warmup_ratio: float = option(
+        0.0,
+        "Fraction of the optimizer steps spent in linear learning-rate warm-up, in [0, 1); used if warmup_steps is 0.",
+        trl="warmup_ratio",
+    )
+    warmup_steps: int = option(
+        0, "Optimizer steps of linear LR warm-up, >= 0; when > 0 it overrides warmup_ratio.", trl="warmup_steps"
+    )
+    lr_scheduler_type: str = option(
+        "linear", "Learning-rate schedule: linear, cosine, constant or constant_with_warmup.", trl="lr_scheduler_type"
+    )
+    max_grad_norm: float = option(
+        1.0, "Clip the global gradient norm to this, >= 0; 0 disables clipping.", trl="max_grad_norm"
+    )
+    health_thresholds: Mapping[str, float] = option(
+        None,
+        "Live health monitors (length/KL/reward/entropy collapse, train up eval down, loss spikes): thresholds "
+        "by name over the defaults (README: Health monitors); 0 turns one off. A firing monitor warns.",
+        trl=None,
+    )
+    max_nonfinite_steps: int = option(
+        3,
+        "An optimizer step whose loss or gradient is NaN/inf is skipped (no update), counted in "
+        "train/nonfinite_steps and warned; after this many in a row training stops, keeping its checkpoints.",
+        trl=None,
+    )
+    optim: str = option(
+        "adamw_torch",
+        f"Optimizer, built by transformers' factory: one of {', '.join(OPTIMIZERS)} (the 8-bit ones need "
+        "bitsandbytes and a CUDA GPU). The adam_* fields apply to the AdamW ones.",
+        trl="optim",
+    )
+    weight_decay: float = option(0.0, "Weight decay of all trainable weights, >= 0.", trl="weight_decay")
+    adam_beta1: float = option(0.9, "AdamW beta1 (decay of the gradient mean), in [0, 1).", trl="adam_beta1")
+    adam_beta2: float = option(0.999, "AdamW beta2 (decay of the squared gradient), in [0, 1).", trl="adam_beta2")
+    adam_epsilon: float = option(1e-8, "AdamW epsilon added to the denominator, >= 0.", trl="adam_epsilon")
+    bf16: bool | None = option(
+        None,
+        "bf16 mixed precision: True, False (fp32), or None = bf16 on GPUs that support it, fp32 elsewhere (TRL: True).",
+        trl="bf16",
+    )
+    fp16: bool = option(
+        False, "fp16 autocast + gradient scaler on a CUDA GPU (else fp32, warned); not with bf16=True.", trl="fp16"
+    )
+    gradient_checkpointing: bool = option(
+        False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
+    )
+    disable_dropout: bool = option(
+        True, "Dropout off in the policy: sampling and training see one policy (TRL: False).", trl="disable_dropout"
+    )
+    # speed and memory: exact, they change no gradient
+    skip_zero_advantage: bool = option(
+        True,
+        "Rows with zero advantage skip their (exactly zero) backward; only with no entropy bonus or KL in the loss.",
+        trl=None,
+    )
+    max_logits_memory_mb: float = option(
+        256.0,
+        "MiB, > 0: forward passes are split so one float32 logits tensor stays under it (no gradient changes).",
+        trl=None,
+    )
+    model_init_kwargs: Mapping[str, Any] | None = option(
+        None,
+        "Keyword arguments of AutoModelForCausalLM.from_pretrained, used when the model is given by name or path.",
+        trl="model_init_kwargs",
+    )
+    # --- logging and checkpoints ---
+    logging_steps: int = option(
+        10, "Log the metrics, averaged since the last log, every this many optimizer steps, >= 1.", trl="logging_steps"
+    )
+    save_steps: int = option(
+        500,
+        "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1: at the first generation-batch "
+        "boundary at or after each multiple, so every checkpoint resumes exactly.",
+        trl="save_steps",
+    )
+    save_total_limit: int | None = option(
+        None, "Keep at most this many checkpoints, deleting the oldest, >= 1; None = keep all.", trl="save_total_limit"
+    )
+    eval_steps: int | None = option(
+        None, "Evaluate on the eval_dataset every this many optimizer steps, >= 1; None = never.", trl="eval_steps"
+    )
+    report_to: Sequence[str] = option(
+        ("none",), "Metric sinks besides metrics.jsonl: one or more of none, tensorboard, wandb.", trl="report_to"
+    )
+    log_completions: bool = option(
+        False,
+        "Append prompts, completions, rewards and advantages to output_dir/completions.jsonl every logging step.",
+        trl="log_completions",
+    )
+    num_completions_to_print: int = option(
+        0,
+        "Accepted for TRL configs, >= 0, but unused: completions are written by log_completions instead.",
+        trl="num_completions_to_print",
+    )
