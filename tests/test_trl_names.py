@@ -316,3 +316,33 @@ def test_the_older_reward_model_keyword_is_reward_funcs(tmp_path: Path) -> None:
         )
     with pytest.raises(ValueError, match="needs reward_funcs"):
         RLOOTrainer(make_model(tok), args=config(tmp_path), train_dataset=dataset(), processing_class=tok)
+
+
+# ---------------------------------------------------------------------------- logging and evaluation fields
+def test_logging_first_step_logs_step_one(tmp_path: Path) -> None:
+    from tests.helpers.models import trainer
+
+    state = trainer(tmp_path, logging_steps=3, max_steps=3, logging_first_step=True).train()
+    assert [row["step"] for row in state.log_history] == [1.0, 3.0]
+    state = trainer(tmp_path / "plain", logging_steps=3, max_steps=3).train()
+    assert [row["step"] for row in state.log_history] == [3.0]
+
+
+def test_num_generations_eval_sets_the_completions_per_eval_prompt(tmp_path: Path) -> None:
+    from rloo import RLOOTrainer
+    from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+    batches: list[int] = []
+
+    def counting(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+        batches.append(len(completion_ids))
+        return frac7(completion_ids)
+
+    tok = make_tokenizer()
+    args = config(tmp_path, num_generations=4, per_device_train_batch_size=8, num_generations_eval=1)
+    run = RLOOTrainer(
+        make_model(tok), counting, args, train_dataset=dataset(8), eval_dataset=dataset(3), processing_class=tok
+    )
+    metrics = run.evaluate()
+    assert batches == [2, 1]  # 2 prompts per eval batch (the training batch's), 1 completion each
+    assert metrics["eval_unscorable"] == 0.0

@@ -262,6 +262,7 @@ class RLOOFields:
     logging_steps: int = option(
         10, "Log the metrics, averaged since the last log, every this many optimizer steps, >= 1.", trl="logging_steps"
     )
+    logging_first_step: bool = option(False, "Also log after the first optimizer step.", trl="logging_first_step")
     save_steps: int = option(
         500,
         "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1: at the first generation-batch "
@@ -273,6 +274,9 @@ class RLOOFields:
     )
     eval_steps: int | None = option(
         None, "Evaluate on the eval_dataset every this many optimizer steps, >= 1; None = never.", trl="eval_steps"
+    )
+    num_generations_eval: int | None = option(
+        None, "Completions per prompt in evaluation, >= 1; None = num_generations.", trl="num_generations_eval"
     )
     report_to: Sequence[str] = option(
         ("none",), "Metric sinks besides metrics.jsonl: one or more of none, tensorboard, wandb.", trl="report_to"

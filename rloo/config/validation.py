@@ -241,6 +241,8 @@ def _check_logging(config: RLOOConfig) -> None:
             raise fail(name, getattr(config, name), "must be >= 1")
     if config.save_total_limit is not None and config.save_total_limit < 1:
         raise fail("save_total_limit", config.save_total_limit, "must be >= 1, or None to keep every checkpoint")
+    if config.num_generations_eval is not None and config.num_generations_eval < 1:
+        raise fail("num_generations_eval", config.num_generations_eval, "must be >= 1, or None for num_generations")
     if config.eval_steps is not None and config.eval_steps < 1:
         raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
     for sink in config.report_to:

@@ -16,6 +16,7 @@ Departures from TRL are listed in :mod:`rloo.config.rloo_config` and :mod:`rloo.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -253,15 +254,16 @@ class RLOOTrainer:
         group_ids: range,
         generator: torch.Generator | None = None,
         sampling_seed: int | None = None,
+        settings: RolloutSettings | None = None,
     ) -> ScoredRollout:
-        """Phases 1-2 for the prompts at ``indices`` of ``dataset``."""
+        """Phases 1-2 for the prompts at ``indices`` of ``dataset`` (``settings``: the run's by default)."""
         return generate_and_score(
             self.unwrapped_model,
             self.processing_class,
             [dataset[i]["prompt"] for i in indices],
             gather_columns(dataset, indices),
             self.rewards,
-            self.rollout_settings,
+            settings or self.rollout_settings,
             group_ids=group_ids,
             generator=generator,
             sampling_seed=sampling_seed,
@@ -312,7 +314,8 @@ class RLOOTrainer:
         self._window.append(metrics)
         self.progress.update(state.global_step, metrics)
         run_callbacks(self.callbacks, "on_step_end", self)
-        if state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps:
+        first = args.logging_first_step and state.global_step == 1
+        if state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps or first:
             self._log(mean_metrics(self._window))
             self._window = []
         if args.eval_steps and self.eval_dataset is not None and state.global_step % args.eval_steps == 0:
@@ -371,11 +374,12 @@ class RLOOTrainer:
         generator and group ids, it leaves the trainer state and so the training run alone."""
         if self.eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
-        dataset = self.eval_dataset
+        dataset, k = self.eval_dataset, self.args.num_generations_eval or self.args.num_generations
+        settings = dataclasses.replace(self.rollout_settings, num_generations=k)
 
         def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
-            groups = range(indices[0], indices[-1] + 1)
-            scored = self._scored_rollout(dataset, indices, groups, sampling_seed=eval_seed(self.args.seed))
+            groups, seed = range(indices[0], indices[-1] + 1), eval_seed(self.args.seed)
+            scored = self._scored_rollout(dataset, indices, groups, sampling_seed=seed, settings=settings)
             return scored.rewards.rewards_or_nan().cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.prompts_per_generation)
