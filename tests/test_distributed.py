@@ -7,7 +7,6 @@ Every test launches real processes: ``torchrun`` (one or two "nodes" rendezvousi
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from rloo.generation.sampling import completion_uniforms
 from rloo.tiny import save_tiny_model
 from rloo.training.distributed import SUPPORTED_ENGINES, Ranks, check_engine, reduce_step_metrics
 from tests.helpers.dist_runs import CASES, case_name
+from tests.helpers.processes import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -40,16 +40,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def env(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",
-        "COLUMNS": "1000",
-        **extra,
-    }
-
-
 def torchrun(
     *args: str, nproc: int = 2, extra_env: dict[str, str] | None = None, **rdzv: Any
 ) -> subprocess.CompletedProcess[str]:
@@ -59,13 +49,18 @@ def torchrun(
     else:
         launcher += ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     return subprocess.run(
-        [*launcher, *args], cwd=REPO, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=300
+        [*launcher, *args], cwd=REPO, env=child_env(**(extra_env or {})), capture_output=True, text=True, timeout=300
     )
 
 
 def python(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=300
+        [sys.executable, *args],
+        cwd=REPO,
+        env=child_env(**(extra_env or {})),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -231,7 +226,7 @@ def test_two_nodes_on_one_machine_train_as_two_processes(tmp_path: Path) -> None
                 str(nodes),
             ],
             cwd=REPO,
-            env=env(),
+            env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -262,7 +257,7 @@ def test_the_python_api_and_accelerate_launch(tmp_path: Path) -> None:
             str(run_file),
         ],
         cwd=REPO,
-        env=env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,

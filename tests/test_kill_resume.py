@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 
 from rloo.tiny import save_tiny_model
 from rloo.training.manifest import manifest_problem
+from tests.helpers.processes import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS = 12
@@ -69,15 +70,9 @@ def write_run_file(tmp_path: Path) -> Path:
 
 def launch(run_file: Path, args: list[str], log: Path, entry: list[str] | None = None) -> subprocess.Popen[bytes]:
     """``python -m rloo train RUN_FILE ARGS`` (or ``python ENTRY train ...``), output to ``log``."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",  # the same in every run (bit-identical sums), and no spin-waiting threads
-        "COLUMNS": "1000",  # rich does not wrap the "resumed from PATH" line
-    }
     with log.open("wb") as handle:
         command = [sys.executable, *(entry or ["-m", "rloo"]), "train", str(run_file), *args]
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)
 
 
 def checkpoint_steps(output_dir: Path) -> dict[int, Path]:

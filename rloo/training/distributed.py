@@ -128,7 +128,10 @@ class Ranks:
         # the squared deviations from the global mean, summed in a second round: no cancellation
         (squares,) = self.sum([float(((picked - mean) ** 2).sum())])
         std = math.sqrt(squares / (count - 1)) if count > 1 else 0.0
-        return tuple(torch.tensor(x, dtype=values.dtype, device=values.device) for x in (total, count, std))  # type: ignore[return-value]
+        total_t, count_t, std_t = (
+            torch.tensor(x, dtype=values.dtype, device=values.device) for x in (total, count, std)
+        )
+        return total_t, count_t, std_t
 
     def sum_gradients(self, model: nn.Module) -> None:
         """Replace every gradient by its sum over ranks: one all-reduce of a flat buffer."""

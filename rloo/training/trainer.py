@@ -252,8 +252,7 @@ class RLOOTrainer:
         dataset: Any,
         indices: list[int],
         group_ids: range,
-        generator: torch.Generator | None = None,
-        sampling_seed: int | None = None,
+        sampling_seed: int,
         settings: RolloutSettings | None = None,
     ) -> ScoredRollout:
         """Phases 1-2 for the prompts at ``indices`` of ``dataset`` (``settings``: the run's by default)."""
@@ -265,7 +264,6 @@ class RLOOTrainer:
             self.rewards,
             settings or self.rollout_settings,
             group_ids=group_ids,
-            generator=generator,
             sampling_seed=sampling_seed,
             trainer_state=self.state,
             autocast=self.accelerator.autocast,
@@ -371,7 +369,7 @@ class RLOOTrainer:
     # ------------------------------------------------------------------ public helpers
     def evaluate(self) -> dict[str, float]:
         """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics; with its own
-        generator and group ids, it leaves the trainer state and so the training run alone."""
+        sampling seed and group ids, it leaves the trainer state and so the training run alone."""
         if self.eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
         dataset, k = self.eval_dataset, self.args.num_generations_eval or self.args.num_generations
