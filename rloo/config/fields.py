@@ -255,8 +255,14 @@ class RLOOFields:
     )
     model_init_kwargs: Mapping[str, Any] | None = option(
         None,
-        "Keyword arguments of AutoModelForCausalLM.from_pretrained, used when the model is given by name or path.",
+        "Keyword arguments of from_pretrained for a model given by name or path. Weights load in float32 unless "
+        "it names a dtype (a torch.dtype or its name, e.g. {dtype: bfloat16}); values must be YAML-writable.",
         trl="model_init_kwargs",
+    )
+    trust_remote_code: bool = option(
+        False,
+        "Run the modelling/tokenizer code a model folder or hub repo ships (only for sources you trust).",
+        trl="trust_remote_code",
     )
     # --- logging and checkpoints ---
     logging_steps: int = option(

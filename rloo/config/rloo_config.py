@@ -28,6 +28,7 @@ from rloo.config.fields import RLOOFields
 from rloo.config.frozen import FrozenAfterInit
 from rloo.config.health import resolve_health_thresholds
 from rloo.config.legacy import accept_older_names
+from rloo.config.model_kwargs import InitKwargsError, normalize_init_kwargs
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.validation import fail, validate
 
@@ -70,8 +71,24 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
             if getattr(self, name) is not None:
                 self._set(name, tuple(getattr(self, name)))
         if self.model_init_kwargs is not None:
-            self._set("model_init_kwargs", MappingProxyType(dict(self.model_init_kwargs)))
+            self._set("model_init_kwargs", MappingProxyType(self._init_kwargs(self.model_init_kwargs)))
         self._freeze()
+
+    def _init_kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            kwargs = normalize_init_kwargs(given)
+        except InitKwargsError as err:
+            raise fail("model_init_kwargs", dict(given), err.fix) from None
+        if kwargs.get("trust_remote_code", self.trust_remote_code) != self.trust_remote_code:
+            raise fail("model_init_kwargs", dict(given), "set trust_remote_code once, as the config field")
+        return kwargs
+
+    @property
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """What ``from_pretrained`` gets for the policy and reference: float32 weights unless
+        ``model_init_kwargs`` names a dtype (as TRL; mixed precision is autocast), and
+        ``trust_remote_code``."""
+        return {"dtype": "float32", **(self.model_init_kwargs or {}), "trust_remote_code": self.trust_remote_code}
 
     def replace(self, **changes: Any) -> RLOOConfig:
         """A new, validated config with ``changes``; unset algorithm knobs follow its preset again.

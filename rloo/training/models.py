@@ -57,13 +57,14 @@ def check_model_folder(model: str) -> None:
 
 
 def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | None) -> PreTrainedModel:
-    """A causal LM from a local folder or hub id (``trust_remote_code`` off by default), or as given."""
+    """A causal LM from a local folder or hub id (float32 weights and ``trust_remote_code`` off unless
+    ``init_kwargs`` say otherwise), or as given."""
     if isinstance(model, PreTrainedModel):
         return model
     if not isinstance(model, str):
         raise ValueError(f"model must be a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
     check_model_folder(model)
-    kwargs = {"trust_remote_code": False, **(init_kwargs or {})}
+    kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
     try:
         loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     except OSError as err:
@@ -75,7 +76,7 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
 
 
 def load_tokenizer(
-    model: str | PreTrainedModel, processing_class: PreTrainedTokenizerBase | None
+    model: str | PreTrainedModel, processing_class: PreTrainedTokenizerBase | None, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
     """The given tokenizer, or the one saved with the model; pad = eos when it has none.
 
@@ -91,7 +92,7 @@ def load_tokenizer(
         source = model if isinstance(model, str) else model.config.name_or_path
         if not source:
             raise ValueError("the model instance has no name_or_path: pass its tokenizer as processing_class")
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
     if tokenizer.pad_token_id is None:

@@ -112,13 +112,13 @@ class RLOOTrainer:
 
         policy, self.ref_model = prepare_policy(
             model,
-            init_kwargs=args.model_init_kwargs,
+            init_kwargs=args.from_pretrained_kwargs,
             peft_config=peft_config,
             no_dropout=args.disable_dropout,
             gradient_checkpointing=args.gradient_checkpointing,
             beta=self.spec.beta,
         )
-        self.processing_class = load_tokenizer(model, processing_class)
+        self.processing_class = load_tokenizer(model, processing_class, args.trust_remote_code)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
