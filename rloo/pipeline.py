@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,21 +20,33 @@ from torch import nn
 from rloo.data.prompts import encode_prompts, is_conversational, repeat_per_completion
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
+from rloo.generation.stopping import StopStrings
 from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
 
 
-def eos_token_ids(tokenizer: Any) -> list[int]:
-    """The ids that end a completion: the tokenizer's ``eos_token_id``, an int or a list of ints.
+def _id_list(value: Any, where: str) -> list[int]:
+    ids = [] if value is None else [value] if isinstance(value, int) else list(value)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{where} must be an int or a list of ints, got {value!r}")
+    return ids
+
+
+def eos_token_ids(tokenizer: Any, model: Any = None, extra: Sequence[int] = ()) -> list[int]:
+    """The ids that end a completion: the tokenizer's ``eos_token_id`` (an int or a list), then
+    those of the model's ``generation_config`` (chat models list their end-of-turn token there,
+    and TRL 1.14+ stops at them too) and ``extra`` (``generation_kwargs["eos_token_id"]``), in order.
 
     Raises ``ValueError`` when the tokenizer has none (completions could never end).
     """
-    eos = tokenizer.eos_token_id
-    if eos is None:
+    if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
-    ids = [eos] if isinstance(eos, int) else list(eos)
-    if not ids or not all(isinstance(i, int) for i in ids):
-        raise ValueError(f"the tokenizer's eos_token_id must be an int or a list of ints, got {eos!r}")
-    return ids
+    ids = _id_list(tokenizer.eos_token_id, "the tokenizer's eos_token_id")
+    if not ids:
+        raise ValueError("the tokenizer's eos_token_id is an empty list: set tokenizer.eos_token")
+    generation_config = getattr(model, "generation_config", None)
+    ids += _id_list(getattr(generation_config, "eos_token_id", None), "the model's generation_config.eos_token_id")
+    ids += list(extra)
+    return list(dict.fromkeys(ids))
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,23 @@ class RolloutSettings:
     max_completion_length: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_prompt_length: int | None = None
+    stop_strings: tuple[str, ...] = ()  # a completion ends once its text contains one
+    extra_eos_token_ids: tuple[int, ...] = ()  # besides the tokenizer's and generation_config's
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=False
+
+    @classmethod
+    def from_config(cls, args: Any, num_generations: int | None = None) -> RolloutSettings:
+        """The settings an ``RLOOConfig`` gives (``num_generations``: another K, e.g. for evaluation)."""
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
+        return cls(
+            num_generations or args.num_generations,
+            args.max_completion_length,
+            sampling,
+            args.max_prompt_length,
+            stop_strings=args.stop_strings,
+            extra_eos_token_ids=args.extra_eos_token_ids,
+            chat_template_kwargs=dict(args.chat_template_kwargs or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +124,8 @@ def generate_and_score(
     The model samples in eval mode (no dropout) and is put back in the mode it was in.
     """
     k = settings.num_generations
-    tokenized = encode_prompts(list(prompts), tokenizer, settings.max_prompt_length)
+    tokenized = encode_prompts(list(prompts), tokenizer, settings.max_prompt_length, settings.chat_template_kwargs)
+    stop = StopStrings(tokenizer, settings.stop_strings) if settings.stop_strings else None
     groups = list(range(len(prompts))) if group_ids is None else list(group_ids)
     start = time.perf_counter()
     was_training = model.training
@@ -109,10 +139,11 @@ def generate_and_score(
                 num_generations=k,
                 max_new_tokens=settings.max_completion_length,
                 params=settings.sampling,
-                eos_token_ids=eos_token_ids(tokenizer),
+                eos_token_ids=eos_token_ids(tokenizer, model, settings.extra_eos_token_ids),
                 pad_token_id=tokenizer.pad_token_id,
                 generator=generator,
                 sampling_seed=sampling_seed,
+                stop=stop,
             )
     finally:
         model.train(was_training)

@@ -3,6 +3,10 @@ template settings, already-adapted PEFT models (offline, CPU, tiny models)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +15,12 @@ import torch
 import yaml
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.data.prompts import render_prompt
+from rloo.generation.stopping import StopStrings
+from rloo.pipeline import RolloutSettings, ScoredRollout, eos_token_ids, generate_and_score
+from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.training.run_folder import config_yaml
-from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+from tests.helpers.models import always_one, config, dataset, frac7, make_model, make_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,3 +82,123 @@ def test_weights_load_in_float32_unless_a_dtype_is_asked_for(tmp_path: Path, bf1
     assert _loaded_dtypes(tmp_path / "a", bf16_folder) == {torch.float32}
     assert _loaded_dtypes(tmp_path / "c", bf16_folder, model_init_kwargs={"dtype": "auto"}) == {torch.bfloat16}
     assert _loaded_dtypes(tmp_path / "b", bf16_folder, model_init_kwargs={"dtype": torch.bfloat16}) == {torch.bfloat16}
+
+
+# ----------------------------------------------------------------- generation_kwargs and templates
+PROMPTS = ["hello world", "ab", "x = 1 + 2?", "Q"]
+
+
+def _sample(model: Any, tokenizer: Any, settings: RolloutSettings) -> ScoredRollout:
+    rewards = RewardFunctions([always_one], None, CallPolicy(None, "raise"))
+    return generate_and_score(model, tokenizer, PROMPTS, {}, rewards, settings, sampling_seed=3)
+
+
+def _cut_at(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` up to and including the earliest end of a stop string, and whether one occurred."""
+    ends = [text.index(s) + len(s) for s in stops if s in text]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def test_stop_strings_end_each_completion_where_its_text_first_contains_one(
+    char_tokenizer: Any, peaked_model: Any
+) -> None:
+    plain_settings = RolloutSettings(4, 12)
+    plain = _sample(peaked_model, char_tokenizer, plain_settings)
+    counts = Counter(c for text in plain.completion_texts for c in set(text))
+    stops = tuple(c for c, _ in counts.most_common(2))  # characters many completions contain
+    stopped = _sample(peaked_model, char_tokenizer, dataclasses.replace(plain_settings, stop_strings=stops))
+    # per-completion seeding: a row samples what it sampled without stop strings, up to the stop
+    hits = 0
+    for i, (before, after) in enumerate(zip(plain.completion_texts, stopped.completion_texts, strict=True)):
+        expected, hit = _cut_at(before, stops)
+        hits += hit
+        assert after == expected, i
+        if hit:
+            assert not bool(stopped.rollout.truncated[i])
+        else:
+            assert bool(stopped.rollout.truncated[i]) == bool(plain.rollout.truncated[i])
+    assert hits >= 4  # the test sees real stops
+    assert stopped.rollout.num_completion_tokens < plain.rollout.num_completion_tokens
+
+
+def test_stop_strings_span_several_tokens(char_tokenizer: Any) -> None:
+    stop = StopStrings(char_tokenizer, ["12"])
+    steps = [torch.tensor([char_tokenizer.convert_tokens_to_ids(c)]) for c in "3412"]
+    active = torch.ones(1, dtype=torch.bool)
+    assert [bool(stop(steps[: t + 1], active)) for t in range(4)] == [False, False, False, True]
+    assert not bool(stop(steps, torch.zeros(1, dtype=torch.bool)))  # finished rows are not checked
+    with pytest.raises(ValueError, match="non-empty strings"):
+        StopStrings(char_tokenizer, [""])
+
+
+def test_the_models_generation_config_eos_ids_and_extra_ones_end_completions(
+    char_tokenizer: Any, peaked_model: Any
+) -> None:
+    settings = RolloutSettings(4, 12)
+    plain = _sample(peaked_model, char_tokenizer, settings)
+    first = Counter(ids[0] for ids in plain.rollout.completion_id_lists() if ids).most_common(1)[0][0]
+    model = copy.deepcopy(peaked_model)
+    model.generation_config.eos_token_id = [char_tokenizer.eos_token_id, first]
+    assert eos_token_ids(char_tokenizer, model) == [char_tokenizer.eos_token_id, first]
+    by_config = _sample(model, char_tokenizer, settings)
+    by_kwargs = _sample(peaked_model, char_tokenizer, dataclasses.replace(settings, extra_eos_token_ids=(first,)))
+    for scored in (by_config, by_kwargs):
+        for before, after in zip(
+            plain.rollout.completion_id_lists(), scored.rollout.completion_id_lists(), strict=True
+        ):
+            expected = before[: before.index(first) + 1] if first in before else before
+            assert after == expected
+    assert by_config.completion_texts == by_kwargs.completion_texts
+
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}A:"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
+    tokenizer = copy.deepcopy(make_tokenizer())
+    tokenizer.chat_template = TEMPLATE
+    prompt = [{"role": "user", "content": "1+2="}]
+    assert render_prompt(prompt, tokenizer) == "1+2=\nA:"
+    assert render_prompt(prompt, tokenizer, {"enable_thinking": False}) == "1+2=\n<no-think>A:"
+    args = config(tmp_path, chat_template_kwargs={"enable_thinking": False})
+    assert RolloutSettings.from_config(args).chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_a_run_with_generation_kwargs_and_chat_template_kwargs_trains(tmp_path: Path) -> None:
+    tokenizer = copy.deepcopy(make_tokenizer())
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if x %}={% endif %}"
+    data = [{"prompt": [{"role": "user", "content": row["prompt"]}]} for row in dataset(8)]
+    args = config(
+        tmp_path,
+        generation_kwargs={"stop": ["7"], "eos_token_id": 5, "do_sample": True},
+        chat_template_kwargs={"x": True},
+        log_completions=True,
+    )
+    trainer = RLOOTrainer(make_model(tokenizer), frac7, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert any(row["completion"].endswith("7") for row in rows)
+    assert all("7" not in row["completion"][:-1] for row in rows)
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert written["generation_kwargs"] == {"stop_strings": ["7"], "eos_token_id": [5]}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fix"),
+    [
+        ({"top_k": 5}, "top_k has its own field: set top_k=5 instead"),
+        ({"max_new_tokens": 5}, "set max_completion_length=5 instead"),
+        ({"num_beams": 2}, "'num_beams' is not supported"),
+        ({"stop": "a", "stop_strings": ["b"]}, "give the stop strings once"),
+        ({"stop": [""]}, "stop must be a non-empty string or a list of them"),
+        ({"eos_token_id": "x"}, "eos_token_id must be a token id or a list of them"),
+        ({"do_sample": False}, "rloo always samples"),
+    ],
+)
+def test_bad_generation_kwargs_name_the_key_and_the_fix(tmp_path: Path, kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(ValueError, match=r"RLOOConfig.generation_kwargs=.* is invalid: ") as info:
+        config(tmp_path, generation_kwargs=kwargs)
+    assert fix in str(info.value)

@@ -34,6 +34,16 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: Sequence[int
     return mask, ~has_eos
 
 
+def completion_mask_from_lengths(lengths: Tensor, t: int) -> Tensor:
+    """``mask_it = 1 if t < length_i``: ``(N,) int, T -> (N, T)`` float (lengths above T count as T).
+
+    The sampler's mask: it knows where each completion ended (EOS or a stop string), which the
+    ids alone do not tell for a stop string.
+    """
+    positions = torch.arange(t, device=lengths.device)
+    return (positions.unsqueeze(0) < lengths.unsqueeze(1)).float()
+
+
 def masked_row_sum(values: Tensor, mask: Tensor) -> Tensor:
     """``sum_t m_it * v_it``: ``(N, T), (N, T) -> (N,)`` (any leading shape; sums the last dim).
 

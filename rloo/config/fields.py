@@ -77,6 +77,18 @@ class RLOOFields:
         "Penalty on tokens already in the prompt or completion, > 0; > 1 discourages repeats, 1.0 disables it.",
         trl="repetition_penalty",
     )
+    generation_kwargs: Mapping[str, Any] | None = option(
+        None,
+        "Extra generation settings, as TRL's: stop_strings (or vLLM's stop): a completion ends once its text "
+        "contains one, kept in it; eos_token_id: more ids that end a completion (the tokenizer's and the "
+        "model's generation_config.eos_token_id always do). Keys with their own field are refused.",
+        trl="generation_kwargs",
+    )
+    chat_template_kwargs: Mapping[str, Any] | None = option(
+        None,
+        "Variables for the chat template of conversational prompts, e.g. {enable_thinking: false} (Qwen3).",
+        trl="chat_template_kwargs",
+    )
     generation_batch_size: int | None = option(
         None,
         "Completions per generation batch on one process: a multiple of per_device_train_batch_size and of "

@@ -28,7 +28,7 @@ from rloo.config.fields import RLOOFields
 from rloo.config.frozen import FrozenAfterInit
 from rloo.config.health import resolve_health_thresholds
 from rloo.config.legacy import accept_older_names
-from rloo.config.model_kwargs import InitKwargsError, normalize_init_kwargs
+from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.validation import fail, validate
 
@@ -72,16 +72,27 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
                 self._set(name, tuple(getattr(self, name)))
         if self.model_init_kwargs is not None:
             self._set("model_init_kwargs", MappingProxyType(self._init_kwargs(self.model_init_kwargs)))
+        for name, normalize in (
+            ("generation_kwargs", normalize_generation_kwargs),
+            ("chat_template_kwargs", check_writable),
+        ):
+            if getattr(self, name) is not None:
+                self._set(name, MappingProxyType(_normalized(name, getattr(self, name), normalize)))
         self._freeze()
 
     def _init_kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            kwargs = normalize_init_kwargs(given)
-        except InitKwargsError as err:
-            raise fail("model_init_kwargs", dict(given), err.fix) from None
+        kwargs = _normalized("model_init_kwargs", given, normalize_init_kwargs)
         if kwargs.get("trust_remote_code", self.trust_remote_code) != self.trust_remote_code:
             raise fail("model_init_kwargs", dict(given), "set trust_remote_code once, as the config field")
         return kwargs
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return tuple((self.generation_kwargs or {}).get("stop_strings", ()))
+
+    @property
+    def extra_eos_token_ids(self) -> tuple[int, ...]:
+        return tuple((self.generation_kwargs or {}).get("eos_token_id", ()))
 
     @property
     def from_pretrained_kwargs(self) -> dict[str, Any]:
@@ -148,3 +159,11 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
         if not isinstance(values, Mapping):
             raise ValueError(f"RLOOConfig.from_dict takes a mapping of field names to values, got {values!r}")
         return cls(**values)
+
+
+def _normalized(name: str, given: Mapping[str, Any], normalize: Any) -> dict[str, Any]:
+    """``normalize(given)``, its :class:`KwargsError` re-raised as the config's error for field ``name``."""
+    try:
+        return dict(normalize(given))
+    except KwargsError as err:
+        raise fail(name, dict(given), err.fix) from None

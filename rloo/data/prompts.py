@@ -8,7 +8,7 @@ the count is reported.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,15 @@ def is_conversational(prompt: Any) -> bool:
     )
 
 
-def render_prompt(prompt: str | list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> str:
-    """Plain text as is; a conversation through the chat template, ending in the generation prompt."""
+def render_prompt(
+    prompt: str | list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Plain text as is; a conversation through the chat template, ending in the generation prompt.
+
+    ``template_kwargs`` reach the template as variables (``chat_template_kwargs``, e.g.
+    ``enable_thinking=False`` for Qwen3-style templates)."""
     if isinstance(prompt, str):
         return prompt
     if not is_conversational(prompt):
@@ -39,7 +46,9 @@ def render_prompt(prompt: str | list[dict[str, Any]], tokenizer: PreTrainedToken
             "conversational prompts need a chat template, but the tokenizer has none; "
             "set `tokenizer.chat_template` or use plain-text prompts"
         )
-    rendered = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        prompt, tokenize=False, add_generation_prompt=True, **dict(template_kwargs or {})
+    )
     if not isinstance(rendered, str):
         raise ValueError(f"the chat template returned {type(rendered).__name__}, expected str")
     return rendered
@@ -57,7 +66,10 @@ class TokenizedPrompts:
 
 
 def encode_prompts(
-    prompts: list[Any], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None
+    prompts: list[Any],
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int | None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> TokenizedPrompts:
     """Render (chat template for conversations) and tokenize a batch of raw dataset prompts.
 
@@ -65,7 +77,7 @@ def encode_prompts(
     already carries its own, so none are added.
     """
     conversational = is_conversational(prompts[0])
-    texts = [render_prompt(p, tokenizer) for p in prompts]
+    texts = [render_prompt(p, tokenizer, template_kwargs) for p in prompts]
     return tokenize_prompts(texts, tokenizer, max_prompt_length, add_special_tokens=not conversational)
 
 

@@ -10,14 +10,14 @@ recorded on the way, so no extra forward pass is needed for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rloo.algo.masks import completion_mask_from_ids
+from rloo.algo.masks import completion_mask_from_lengths
 from rloo.generation.kv_cache import preallocate, share_prefill
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
@@ -116,12 +116,15 @@ def generate_rollouts(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     sampling_seed: int | None = None,
+    stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
     The model must be in eval mode (no dropout) and return its cache (:func:`returned_cache`). With
     ``sampling_seed``, completion ``j`` of group ``g`` is sampled from its own random stream
-    (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s.
+    (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s. A completion
+    ends at its first token in ``eos_token_ids``, or at the token after which ``stop(tokens, active)``
+    (e.g. :class:`rloo.generation.stopping.StopStrings`) says it stops; either way it is not truncated.
     """
     device = next(model.parameters()).device
     k = num_generations
@@ -136,6 +139,7 @@ def generate_rollouts(
     next_position = attention.sum(dim=1, keepdim=True)
     eos = torch.tensor(list(eos_token_ids), device=device)
     finished = torch.zeros(ids.shape[0] * k, dtype=torch.bool, device=device)
+    lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
     # the penalty's history must skip left padding (as transformers does): fill the padding
@@ -147,7 +151,11 @@ def generate_rollouts(
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
         logprobs.append(logprob)
-        finished = finished | torch.isin(token, eos)
+        ends = ~finished & torch.isin(token, eos)
+        if stop is not None:
+            ends |= stop(tokens, ~finished)
+        lengths = torch.where(ends, step + 1, lengths)
+        finished = finished | ends
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         if params.repetition_penalty != 1.0:
@@ -164,14 +172,14 @@ def generate_rollouts(
         cache, logits = getattr(out, keyword), out.logits[:, -1]
         next_position = next_position + 1
     completion_ids = torch.stack(tokens, dim=1)
-    completion_mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
+    completion_mask = completion_mask_from_lengths(lengths, completion_ids.shape[1])
     completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
     return Rollout(
         prompt_ids=prompt_ids_k,
         prompt_mask=prompt_mask_k,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        truncated=truncated,
+        truncated=~finished,
         sampling_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
         group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
     )

@@ -37,7 +37,6 @@ from rloo.data.loading import load_train_and_eval
 from rloo.data.prompts import gather_columns
 from rloo.data.sampler import PromptSampler
 from rloo.generation.rollout import Rollout
-from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
@@ -133,10 +132,7 @@ class RLOOTrainer:
         if self.ref_model is not None:
             self.ref_model.to(device)
         self.rewards.to(device)
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
-        self.rollout_settings = RolloutSettings(
-            args.num_generations, args.max_completion_length, sampling, args.max_prompt_length
-        )
+        self.rollout_settings = RolloutSettings.from_config(args)
         self.callbacks = list(callbacks or [])
         self.output_dir = Path(args.output_dir)
         # the full run file when built by ``rloo train``; written as config.yaml

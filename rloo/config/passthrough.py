@@ -1,0 +1,130 @@
+"""Keyword mappings the config passes through to transformers (``model_init_kwargs``,
+``generation_kwargs``, ``chat_template_kwargs``), made writable and unambiguous before the config
+is frozen.
+
+``model_init_kwargs``:
+TRL's own example script passes ``model_init_kwargs={"dtype": torch.bfloat16}``: a ``torch.dtype``
+object, which ``config.yaml`` cannot hold. Here a dtype object becomes its name (``"bfloat16"``;
+``from_pretrained`` takes either), transformers 4's ``torch_dtype`` key becomes transformers 5's
+``dtype``, and every other value must be one YAML can write (numbers, strings, booleans, None,
+lists and mappings of them), so the recorded run file rebuilds the same model.
+
+Checked without importing torch (the config module stays light to import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# from_pretrained's dtype names (torch attribute names) besides "auto"
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "auto")
+
+
+class KwargsError(ValueError):
+    """A bad entry of a keyword mapping: ``key`` names it, ``fix`` says what to give."""
+
+    def __init__(self, key: str, fix: str) -> None:
+        super().__init__(fix)
+        self.key, self.fix = key, fix
+
+
+def _is_torch_dtype(value: Any) -> bool:
+    return type(value).__module__ == "torch" and type(value).__name__ == "dtype"
+
+
+def dtype_name(value: Any, key: str = "dtype") -> str:
+    """``torch.bfloat16`` or ``"bfloat16"`` -> ``"bfloat16"`` (``"torch.bfloat16"`` too); else an error."""
+    name = str(value).removeprefix("torch.") if _is_torch_dtype(value) or isinstance(value, str) else None
+    if name not in DTYPE_NAMES:
+        raise KwargsError(key, f"{key} must be a torch dtype or one of {list(DTYPE_NAMES)}, got {value!r}")
+    return name
+
+
+def _writable(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_writable(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _writable(v) for k, v in value.items())
+    return False
+
+
+def normalize_init_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the dtype as a name under ``dtype``; raises :class:`KwargsError` naming the key."""
+    out = dict(kwargs)
+    if "torch_dtype" in out:
+        old = out.pop("torch_dtype")
+        if "dtype" in out and dtype_name(out["dtype"]) != dtype_name(old, "torch_dtype"):
+            raise KwargsError("torch_dtype", "give the dtype once, as dtype (torch_dtype is its older name)")
+        out.setdefault("dtype", old)
+    if "dtype" in out:
+        out["dtype"] = dtype_name(out["dtype"])
+    return check_writable(out, "or load the model yourself and pass it as `model`")
+
+
+def check_writable(kwargs: Mapping[str, Any], alternative: str = "") -> dict[str, Any]:
+    """``kwargs`` as a dict when config.yaml can hold every value; else :class:`KwargsError` naming the key."""
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not _writable(value):
+            raise KwargsError(
+                str(key),
+                f"{key}={value!r} cannot be recorded in config.yaml; give string keys and plain values (numbers, "
+                f"strings, booleans, lists, mappings){', ' + alternative if alternative else ''}",
+            )
+    return dict(kwargs)
+
+
+# generation_kwargs keys that have their own RLOOConfig field: set the field (TRL lets the
+# dictionary override it silently; here the run file shows one value)
+_FIELD_FOR = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_completion_length",
+    "max_tokens": "max_completion_length",
+}
+GENERATION_KEYS = ("stop_strings", "stop", "eos_token_id", "do_sample")
+
+
+def _strings(key: str, value: Any) -> list[str]:
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list | tuple) or not values or not all(isinstance(v, str) and v for v in values):
+        raise KwargsError(key, f"{key} must be a non-empty string or a list of them, got {value!r}")
+    return list(values)
+
+
+def _token_ids(key: str, value: Any) -> list[int]:
+    values = [value] if isinstance(value, int) else value
+    ok = isinstance(values, list | tuple) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    )
+    if not ok:
+        raise KwargsError(key, f"{key} must be a token id or a list of them (ints >= 0), got {value!r}")
+    return list(values)
+
+
+def normalize_generation_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"stop_strings": [...], "eos_token_id": [...]}`` (each only when given) from TRL's
+    ``generation_kwargs``: ``stop_strings`` (transformers' name) or ``stop`` (vLLM's), extra EOS ids,
+    and ``do_sample=True`` (what rloo does anyway). Other keys raise :class:`KwargsError` naming
+    the field to set or what is supported."""
+    out: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in _FIELD_FOR:
+            raise KwargsError(key, f"{key} has its own field: set {_FIELD_FOR[key]}={value!r} instead")
+        if key in ("stop_strings", "stop"):
+            if "stop_strings" in out:
+                raise KwargsError(key, "give the stop strings once, as stop_strings (stop is vLLM's name)")
+            out["stop_strings"] = _strings(key, value)
+        elif key == "eos_token_id":
+            out["eos_token_id"] = _token_ids(key, value)
+        elif key == "do_sample":
+            if value is not True:
+                raise KwargsError(key, "rloo always samples (RLOO needs K different completions); drop do_sample")
+        else:
+            raise KwargsError(str(key), f"{key!r} is not supported; generation_kwargs may hold {list(GENERATION_KEYS)}")
+    return out
