@@ -111,6 +111,10 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
         8,
         "(per_device_train_batch_size x steps_per_generation = 8) must be divisible by num_generations (3)",
     ),
+    ({"torch_compile_mode": "fast"}, "torch_compile_mode", "fast", "choose one of ['default'"),
+    ({"model_init_kwargs": {"dtype": "int8"}}, "model_init_kwargs", {"dtype": "int8"}, "dtype must be a torch dtype"),
+    ({"generation_kwargs": {"top_k": 2}}, "generation_kwargs", {"top_k": 2}, "set top_k=2 instead"),
+    ({"chat_template_kwargs": {"x": object}}, "chat_template_kwargs", {"x": object}, "cannot be recorded"),
     # --- logging and checkpoints ---
     ({"logging_steps": 0}, "logging_steps", 0, "must be >= 1"),
     ({"save_steps": 0}, "save_steps", 0, "must be >= 1"),

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from peft import LoraConfig, PeftModel, get_peft_model
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.data.prompts import render_prompt
@@ -20,7 +21,8 @@ from rloo.generation.stopping import StopStrings
 from rloo.pipeline import RolloutSettings, ScoredRollout, eos_token_ids, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.training.run_folder import config_yaml
-from tests.helpers.models import always_one, config, dataset, frac7, make_model, make_tokenizer
+from tests.helpers.models import always_one, config, dataset, frac7, make_model, make_tokenizer, params
+from tests.helpers.models import trainer as make_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -202,3 +204,85 @@ def test_bad_generation_kwargs_name_the_key_and_the_fix(tmp_path: Path, kwargs: 
     with pytest.raises(ValueError, match=r"RLOOConfig.generation_kwargs=.* is invalid: ") as info:
         config(tmp_path, generation_kwargs=kwargs)
     assert fix in str(info.value)
+
+
+# ----------------------------------------------------------------- an already-adapted PeftModel
+def _saved_adapter(folder: Path) -> Path:
+    tokenizer = make_tokenizer()
+    adapted = get_peft_model(make_model(tokenizer), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapted.save_pretrained(folder)
+    return folder
+
+
+def test_a_peft_model_trains_its_adapters_against_the_adapters_disabled_reference(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer()
+    loaded = PeftModel.from_pretrained(make_model(tokenizer), _saved_adapter(tmp_path / "adapter"))
+    assert not any(p.requires_grad for p in loaded.parameters())  # from_pretrained loads adapters frozen
+    trainer = RLOOTrainer(
+        loaded, frac7, args=config(tmp_path, beta=0.5), train_dataset=dataset(), processing_class=tokenizer
+    )
+    assert trainer.ref_model is None  # the reference is the model with adapters disabled
+    before = {name: p.detach().clone() for name, p in loaded.named_parameters()}
+    trainer.train()
+    changed = {name for name, p in loaded.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and all("lora_" in name for name in changed)
+    logs = trainer.state.log_history
+    assert all(row["kl"] >= 0 for row in logs) and any(row["kl"] > 0 for row in logs)
+    assert (tmp_path / "run" / "final" / "adapter_model.safetensors").exists()
+
+
+def test_a_peft_model_with_a_peft_config_too_is_refused(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer()
+    loaded = PeftModel.from_pretrained(make_model(tokenizer), _saved_adapter(tmp_path / "adapter"))
+    with pytest.raises(ValueError, match="model is already a PeftModel"):
+        RLOOTrainer(
+            loaded,
+            frac7,
+            args=config(tmp_path),
+            train_dataset=dataset(),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=2),
+        )
+
+
+# ----------------------------------------------------------------- torch_compile, checkpointing kwargs
+def _trained_params(tmp_path: Path, **overrides: Any) -> dict[str, torch.Tensor]:
+    trainer = make_trainer(tmp_path, **overrides)
+    trainer.train()
+    return params(trainer.unwrapped_model)
+
+
+def test_torch_compile_trains_to_the_same_weights(tmp_path: Path) -> None:
+    eager = _trained_params(tmp_path / "eager")
+    compiled = _trained_params(tmp_path / "compiled", torch_compile_backend="aot_eager")
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_torch_compile_with_inductor_trains_to_the_same_weights(tmp_path: Path) -> None:
+    eager = _trained_params(tmp_path / "eager")
+    compiled = _trained_params(tmp_path / "compiled", torch_compile=True)
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_torch_compile_settings(tmp_path: Path) -> None:
+    assert config(tmp_path, torch_compile_mode="max-autotune").torch_compile is True
+    assert config(tmp_path, torch_compile_backend="eager").torch_compile is True
+    assert config(tmp_path).torch_compile is False
+    trainer = make_trainer(tmp_path, torch_compile_backend="aot_eager")
+    assert trainer.updater.forward_model is not trainer.unwrapped_model  # the compiled module
+    with pytest.raises(ValueError, match=r"RLOOConfig.torch_compile_backend='nope' is invalid: this torch has"):
+        make_trainer(tmp_path, torch_compile_backend="nope")
+
+
+def test_gradient_checkpointing_kwargs_reach_torch_checkpoint(tmp_path: Path) -> None:
+    trainer = make_trainer(
+        tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs={"preserve_rng_state": False}
+    )
+    layer = trainer.unwrapped_model.model.layers[0]
+    assert layer._gradient_checkpointing_func.keywords == {"use_reentrant": False, "preserve_rng_state": False}
+    trainer.train()
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_kwargs has 'nope', which torch"):
+        make_trainer(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs={"nope": 1})

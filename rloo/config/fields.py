@@ -251,6 +251,26 @@ class RLOOFields:
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
     )
+    gradient_checkpointing_kwargs: Mapping[str, Any] | None = option(
+        None,
+        "Keyword arguments of the model's gradient_checkpointing_enable, over rloo's {use_reentrant: false}.",
+        trl="gradient_checkpointing_kwargs",
+    )
+    torch_compile: bool = option(
+        False,
+        "Run the training passes through torch.compile(model, dynamic=True) (the first steps pay the "
+        "compilation; sampling and the reference stay eager). Set by torch_compile_backend or _mode too.",
+        trl="torch_compile",
+    )
+    torch_compile_backend: str | None = option(
+        None, "torch.compile backend (None = inductor); setting it turns torch_compile on.", trl="torch_compile_backend"
+    )
+    torch_compile_mode: str | None = option(
+        None,
+        "torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it "
+        "turns torch_compile on.",
+        trl="torch_compile_mode",
+    )
     disable_dropout: bool = option(
         True, "Dropout off in the policy: sampling and training see one policy (TRL: False).", trl="disable_dropout"
     )

@@ -65,25 +65,31 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
             self._set(key, value)
         self._set("preset_overrides", overrides)
         self._set("algorithm", AlgorithmSpec(**resolved))
+        if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
+            self._set("torch_compile", True)  # as transformers' TrainingArguments
         validate(self)
-        # containers become immutable too: a frozen config holds no list to append to
+        self._freeze_containers()
+        self._freeze()
+
+    def _freeze_containers(self) -> None:
+        """Containers become immutable too (a frozen config holds no list to append to); the keyword
+        mappings passed through to transformers are normalized on the way."""
         for name in ("report_to", "reward_weights"):
             if getattr(self, name) is not None:
                 self._set(name, tuple(getattr(self, name)))
-        if self.model_init_kwargs is not None:
-            self._set("model_init_kwargs", MappingProxyType(self._init_kwargs(self.model_init_kwargs)))
         for name, normalize in (
+            ("model_init_kwargs", self._init_kwargs),
             ("generation_kwargs", normalize_generation_kwargs),
             ("chat_template_kwargs", check_writable),
+            ("gradient_checkpointing_kwargs", check_writable),
         ):
             if getattr(self, name) is not None:
                 self._set(name, MappingProxyType(_normalized(name, getattr(self, name), normalize)))
-        self._freeze()
 
     def _init_kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        kwargs = _normalized("model_init_kwargs", given, normalize_init_kwargs)
+        kwargs = normalize_init_kwargs(given)
         if kwargs.get("trust_remote_code", self.trust_remote_code) != self.trust_remote_code:
-            raise fail("model_init_kwargs", dict(given), "set trust_remote_code once, as the config field")
+            raise KwargsError("trust_remote_code", "set trust_remote_code once, as the config field")
         return kwargs
 
     @property

@@ -50,6 +50,7 @@ def validate(config: RLOOConfig) -> None:
         _check_rewards,
         _check_clip_range,
         _check_optimization,
+        _check_compile,
         _check_batches,
         _check_logging,
     )
@@ -186,6 +187,15 @@ def _check_optimization(config: RLOOConfig) -> None:
         raise fail("max_nonfinite_steps", config.max_nonfinite_steps, "must be >= 1 (steps skipped in a row)")
     if config.max_steps == -1 and not config.num_train_epochs > 0:
         raise fail("num_train_epochs", config.num_train_epochs, "must be > 0 when max_steps is -1")
+
+
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _check_compile(config: RLOOConfig) -> None:
+    """The backend is checked against torch's list when the trainer compiles (torch is not imported here)."""
+    if config.torch_compile_mode is not None and config.torch_compile_mode not in COMPILE_MODES:
+        raise fail("torch_compile_mode", config.torch_compile_mode, f"choose one of {list(COMPILE_MODES)} or None")
 
 
 def _check_batches(config: RLOOConfig) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -61,8 +62,12 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
     ``init_kwargs`` say otherwise), or as given."""
     if isinstance(model, PreTrainedModel):
         return model
+    if is_peft_model(model):  # type: ignore[arg-type]
+        return model  # type: ignore[return-value]
     if not isinstance(model, str):
-        raise ValueError(f"model must be a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
+        raise ValueError(
+            f"model must be a path, a hub id, a PreTrainedModel or a peft PeftModel, got {type(model).__name__}"
+        )
     check_model_folder(model)
     kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
     try:
@@ -140,9 +145,34 @@ def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn
     return wrapped
 
 
-def enable_gradient_checkpointing(model: nn.Module) -> None:
+def train_adapters(model: Any, peft_config: Any, gradient_checkpointing: bool) -> None:
+    """An already-adapted ``PeftModel`` (``PeftModel.from_pretrained`` loads adapters frozen): its
+    active adapter becomes trainable, the base model stays frozen; the reference is the model with
+    adapters disabled. A ``peft_config`` as well is refused: the model has its adapters."""
+    if peft_config is not None:
+        raise ValueError(
+            "model is already a PeftModel (it has adapters) and peft_config asks for new ones: pass "
+            "peft_config=None to train its adapters, or pass its base model (model.get_base_model())"
+        )
+    model.set_requires_grad(model.active_adapters, requires_grad=True)
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+
+
+def enable_gradient_checkpointing(model: nn.Module, extra_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Checkpointing with ``use_reentrant=False`` (works with frozen embeddings and LoRA), or as
+    ``extra_kwargs`` (``gradient_checkpointing_kwargs``) say."""
+    # its keyword-only parameters, and preserve_rng_state, which it documents but reads from **kwargs
+    signature = inspect.signature(torch.utils.checkpoint.checkpoint).parameters.values()
+    accepted = {p.name for p in signature if p.kind is p.KEYWORD_ONLY} | {"preserve_rng_state"}
+    for key in extra_kwargs or {}:
+        if key not in accepted:
+            raise ValueError(
+                f"RLOOConfig.gradient_checkpointing_kwargs has {key!r}, which torch.utils.checkpoint.checkpoint "
+                "does not take; use its keywords, e.g. {use_reentrant: false, preserve_rng_state: true}"
+            )
     target: Any = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
-    kwargs = {"use_reentrant": False}
+    kwargs = {"use_reentrant": False, **(extra_kwargs or {})}
     if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
         target.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
@@ -207,6 +237,7 @@ def prepare_policy(
     no_dropout: bool,
     gradient_checkpointing: bool,
     beta: float,
+    checkpointing_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, nn.Module | None]:
     """``(policy, reference)``: the policy loaded, dropout off, PEFT-wrapped and checkpointed
     as asked, and the frozen reference :func:`build_reference` gives (None when not needed)."""
@@ -219,8 +250,10 @@ def prepare_policy(
     check_decodable(policy)
     if no_dropout:
         disable_dropout(policy)
-    if peft_config is not None:
+    if is_peft_model(policy):
+        train_adapters(policy, peft_config, gradient_checkpointing)
+    elif peft_config is not None:
         policy = apply_peft(policy, peft_config, gradient_checkpointing)
     if gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
+        enable_gradient_checkpointing(policy, checkpointing_kwargs)
     return policy, build_reference(model, policy, beta, init_kwargs)

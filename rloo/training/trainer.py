@@ -116,6 +116,7 @@ class RLOOTrainer:
             no_dropout=args.disable_dropout,
             gradient_checkpointing=args.gradient_checkpointing,
             beta=self.spec.beta,
+            checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
         self.processing_class = load_tokenizer(model, processing_class, args.trust_remote_code)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)

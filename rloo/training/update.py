@@ -25,6 +25,22 @@ from rloo.training.optimization import zero_grads_if_none
 from rloo.training.passes import pass_loss
 
 
+def compile_for_training(model: Any, args: RLOOConfig) -> Any:
+    """``torch.compile(model, dynamic=True)`` for the training passes when ``args.torch_compile``
+    (parameters are shared: the optimizer and gradients see the one model), else ``model``.
+    Dynamic shapes: a generation batch's lengths change every step, so static shapes would
+    recompile each time."""
+    if not args.torch_compile:
+        return model
+    backend = args.torch_compile_backend or "inductor"
+    if backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ValueError(
+            f"RLOOConfig.torch_compile_backend={backend!r} is invalid: this torch has "
+            f"{sorted(torch._dynamo.list_backends(exclude_tags=()))}"
+        )
+    return torch.compile(model, backend=backend, mode=args.torch_compile_mode, dynamic=True)
+
+
 @dataclass
 class StepOutcome:
     metrics: dict[str, float]
@@ -55,6 +71,7 @@ class Updater:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.accelerator, self.ranks, self.args = accelerator, ranks, args
         self.objective = objective
+        self.forward_model = compile_for_training(model, args)
         self.exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
 
@@ -69,7 +86,7 @@ class Updater:
         for rows in plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows):
             with self.accelerator.autocast():
                 result = pass_loss(
-                    self.model,
+                    self.forward_model,
                     take_rows(batch, rows),
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
