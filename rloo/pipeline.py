@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rloo.data.prompts import encode_prompts, is_conversational, repeat_per_completion
-from rloo.generation.rollout import Rollout, generate_rollouts
+from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
 from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
@@ -61,6 +61,7 @@ class RolloutSettings:
     stop_strings: tuple[str, ...] = ()  # a completion ends once its text contains one
     extra_eos_token_ids: tuple[int, ...] = ()  # besides the tokenizer's and generation_config's
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=False
+    pad_to_multiple_of: int | None = None  # token tensors padded to a multiple of it (masked)
 
     @classmethod
     def from_config(cls, args: Any, num_generations: int | None = None) -> RolloutSettings:
@@ -74,6 +75,7 @@ class RolloutSettings:
             stop_strings=args.stop_strings,
             extra_eos_token_ids=args.extra_eos_token_ids,
             chat_template_kwargs=dict(args.chat_template_kwargs or {}),
+            pad_to_multiple_of=args.pad_to_multiple_of,
         )
 
 
@@ -147,6 +149,8 @@ def generate_and_score(
             )
     finally:
         model.train(was_training)
+    if settings.pad_to_multiple_of is not None:
+        rollout = pad_to_multiple(rollout, settings.pad_to_multiple_of, tokenizer.pad_token_id)
     generated = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     scored = rewards.score(

@@ -286,3 +286,144 @@ def test_gradient_checkpointing_kwargs_reach_torch_checkpoint(tmp_path: Path) ->
     trainer.train()
     with pytest.raises(ValueError, match=r"gradient_checkpointing_kwargs has 'nope', which torch"):
         make_trainer(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs={"nope": 1})
+
+
+# ----------------------------------------------------------------- TRL fields that must do what they say
+@pytest.mark.parametrize("name", ["use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "use_transformers_paged"])
+def test_trl_generation_engines_are_refused_saying_why(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"RLOOConfig\({name}=...\) is a TRL setting rloo does not support"):
+        RLOOConfig(**{name: True})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fix"),
+    [
+        ({"dataloader_num_workers": 2}, "only 0: rloo reads prompts by index"),
+        ({"cache_implementation": "static"}, "only None or 'dynamic'"),
+        ({"accelerator_config": {"split_batches": True}}, "split_batches=True has nothing to act on"),
+        ({"accelerator_config": {"even_batchs": True}}, "did you mean `even_batches`"),
+        ({"pad_to_multiple_of": 0}, "must be >= 1, or None"),
+        ({"per_device_eval_batch_size": 0}, "must be >= 1, or None"),
+        ({"ref_model_mixup_alpha": 1.5}, "must be in [0, 1]"),
+        ({"ref_model_sync_steps": 0}, "must be >= 1"),
+        ({"sync_ref_model": True, "beta": 0.0}, "there is no reference model with beta=0"),
+    ],
+)
+def test_trl_fields_accept_only_what_rloo_does(tmp_path: Path, kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(ValueError, match="is invalid: ") as info:
+        config(tmp_path, **kwargs)
+    assert fix in str(info.value)
+
+
+def test_trl_fields_that_describe_rloo_are_accepted(tmp_path: Path) -> None:
+    args = config(
+        tmp_path,
+        dataloader_num_workers=0,
+        cache_implementation="dynamic",
+        accelerator_config={"split_batches": False, "even_batches": True, "dispatch_batches": False},
+    )
+    assert args.to_dict()["accelerator_config"]["even_batches"] is True
+
+
+def test_remove_unused_columns_keeps_only_what_the_model_reads(tmp_path: Path) -> None:
+    def needs_answer(completions: list[Any], answer: list[str]) -> list[float]:
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    kept = make_trainer(tmp_path, remove_unused_columns=False, reward_funcs=needs_answer)
+    assert kept.train_dataset.column_names == ["prompt", "answer"]
+    assert make_trainer(tmp_path, remove_unused_columns=True).train_dataset.column_names == ["prompt"]
+    with pytest.raises(ValueError, match="answer"):  # a reward that needs a removed column says which
+        make_trainer(tmp_path, remove_unused_columns=True, reward_funcs=needs_answer)
+
+
+def test_per_device_eval_batch_size_sets_the_eval_batches_not_the_results(tmp_path: Path) -> None:
+    def eval_batches(**overrides: Any) -> tuple[list[int], dict[str, float]]:
+        trainer = make_trainer(tmp_path / str(len(overrides)), **overrides)
+        trainer.eval_dataset = trainer.train_dataset.select(range(6))
+        sizes: list[int] = []
+        original = trainer._scored_rollout
+
+        def recording(dataset: Any, indices: list[int], *args: Any, **kwargs: Any) -> Any:
+            sizes.append(len(indices))
+            return original(dataset, indices, *args, **kwargs)
+
+        trainer._scored_rollout = recording  # type: ignore[method-assign]
+        return sizes, trainer.evaluate()
+
+    default_sizes, default_metrics = eval_batches()
+    sizes, metrics = eval_batches(per_device_eval_batch_size=8, num_generations_eval=4)  # 2 prompts a batch
+    assert default_sizes == [2, 2, 2] and sizes == [2, 2, 2]  # the default: a generation batch (8 // 4)
+    sizes, metrics = eval_batches(per_device_eval_batch_size=12, num_generations_eval=4)
+    assert sizes == [3, 3]
+    assert metrics == default_metrics  # seeded per completion: batching changes nothing
+
+
+def test_pad_to_multiple_of_pads_masked_and_trains_the_same(tmp_path: Path) -> None:
+    plain = make_trainer(tmp_path / "plain")
+    padded = make_trainer(tmp_path / "padded", pad_to_multiple_of=8)
+    batches = []
+    for trainer in (plain, padded):
+        batches.append(trainer._scored_rollout(trainer.train_dataset, [0, 1], range(2), sampling_seed=0).rollout)
+    assert batches[1].prompt_ids.shape[1] % 8 == 0 and batches[1].completion_ids.shape[1] % 8 == 0
+    assert batches[1].completion_mask.sum() == batches[0].completion_mask.sum()
+    width = batches[0].completion_ids.shape[1]
+    assert torch.equal(batches[1].sampling_logprobs[:, :width], batches[0].sampling_logprobs)
+    assert not batches[1].sampling_logprobs[:, width:].any()
+    plain.train()
+    padded.train()
+    # equal up to float summation order (Adam at lr 1e-2 moves each weight by ~1e-2 a step)
+    for name, value in params(plain.unwrapped_model).items():
+        torch.testing.assert_close(params(padded.unwrapped_model)[name], value, rtol=0, atol=1e-4, msg=name)
+    for key in ("kl", "entropy", "grad_norm", "num_tokens", "completions/mean_length"):
+        assert padded.state.log_history[-1][key] == pytest.approx(plain.state.log_history[-1][key], rel=1e-5)
+
+
+# ----------------------------------------------------------------- sync_ref_model
+def test_sync_ref_model_mixes_the_reference_toward_the_policy_on_schedule(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.25)
+    assert trainer.ref_model is not None
+    initial = params(trainer.ref_model)
+    trainer.args = trainer.args.replace(max_steps=1)
+    trainer.state.max_steps = 1
+    trainer.train()
+    assert all(torch.equal(p, initial[n]) for n, p in params(trainer.ref_model).items())  # step 1: no refresh
+    policy = params(trainer.unwrapped_model)
+    trainer.reference_sync.after_step(2)
+    for name, value in params(trainer.ref_model).items():
+        torch.testing.assert_close(value, 0.25 * policy[name] + 0.75 * initial[name])
+
+
+def test_sync_ref_model_resumes_with_the_refreshed_reference(tmp_path: Path) -> None:
+    overrides: dict[str, Any] = {
+        "beta": 0.1,
+        "sync_ref_model": True,
+        "ref_model_sync_steps": 1,
+        "ref_model_mixup_alpha": 0.5,
+        "max_steps": 4,
+        "save_steps": 2,
+    }
+    straight = make_trainer(tmp_path / "straight", **overrides)
+    straight.train()
+    first = make_trainer(tmp_path / "resumed", **overrides)
+    first.state.max_steps = 2
+    first.train()
+    resumed = make_trainer(tmp_path / "resumed", **overrides)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.ref_model is not None and straight.ref_model is not None
+    for name, value in params(straight.ref_model).items():
+        torch.testing.assert_close(params(resumed.ref_model)[name], value, rtol=0, atol=0, msg=name)
+    for name, value in params(straight.unwrapped_model).items():
+        torch.testing.assert_close(params(resumed.unwrapped_model)[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_sync_ref_model_under_lora_is_refused(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer()
+    with pytest.raises(ValueError, match="sync_ref_model=True needs a separate reference model"):
+        RLOOTrainer(
+            make_model(tokenizer),
+            frac7,
+            args=config(tmp_path, beta=0.1, sync_ref_model=True),
+            train_dataset=dataset(),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+        )

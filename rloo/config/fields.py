@@ -77,6 +77,27 @@ class RLOOFields:
         "Penalty on tokens already in the prompt or completion, > 0; > 1 discourages repeats, 1.0 disables it.",
         trl="repetition_penalty",
     )
+    remove_unused_columns: bool = option(
+        False,
+        "True keeps only the prompt column (TRL's meaning): reward functions then get no other dataset column.",
+        trl="remove_unused_columns",
+    )
+    dataloader_num_workers: int = option(
+        0,
+        "Accepted for TRL scripts, and only 0: rloo reads prompts by index in the training process (no DataLoader).",
+        trl="dataloader_num_workers",
+    )
+    pad_to_multiple_of: int | None = option(
+        None,
+        "Pad the prompt and completion token tensors to a multiple of this length, >= 1 (shapes tensor cores "
+        "like); the padding is masked, so the math is unchanged. None = no extra padding.",
+        trl="pad_to_multiple_of",
+    )
+    cache_implementation: str | None = option(
+        None,
+        "Accepted for TRL scripts: None or dynamic. rloo's sampler keeps its own preallocated KV cache.",
+        trl="cache_implementation",
+    )
     generation_kwargs: Mapping[str, Any] | None = option(
         None,
         "Extra generation settings, as TRL's: stop_strings (or vLLM's stop): a completion ends once its text "
@@ -169,6 +190,18 @@ class RLOOFields:
         "Zero the loss of completions with no EOS. None = from the preset (trl: False, dapo: True).",
         trl="mask_truncated_completions",
     )
+    sync_ref_model: bool = option(
+        False,
+        "Refresh the reference policy every ref_model_sync_steps steps: ref = alpha * policy + (1 - alpha) * ref "
+        "(TR-DPO). Needs beta > 0 and a full reference model (not LoRA's adapters-disabled one).",
+        trl="sync_ref_model",
+    )
+    ref_model_mixup_alpha: float = option(
+        0.6, "alpha of sync_ref_model's refresh, in [0, 1].", trl="ref_model_mixup_alpha"
+    )
+    ref_model_sync_steps: int = option(
+        512, "Optimizer steps between sync_ref_model's refreshes, >= 1.", trl="ref_model_sync_steps"
+    )
     reward_weights: Sequence[float] | None = option(
         None,
         "One weight per reward function; the reward is the weighted sum of those that apply. None = all 1.0.",
@@ -248,6 +281,12 @@ class RLOOFields:
     fp16: bool = option(
         False, "fp16 autocast + gradient scaler on a CUDA GPU (else fp32, warned); not with bf16=True.", trl="fp16"
     )
+    accelerator_config: Mapping[str, Any] | None = option(
+        None,
+        "transformers' AcceleratorConfig, for TRL scripts: only values that match what rloo does are accepted "
+        "(it uses no accelerate data loader: every process draws the same prompt order and keeps its share).",
+        trl="accelerator_config",
+    )
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
     )
@@ -315,6 +354,12 @@ class RLOOFields:
     )
     num_generations_eval: int | None = option(
         None, "Completions per prompt in evaluation, >= 1; None = num_generations.", trl="num_generations_eval"
+    )
+    per_device_eval_batch_size: int | None = option(
+        None,
+        "Completions per evaluation batch on each process, >= 1 (rounded down to whole prompts, at least one); "
+        "None = as many as a training generation batch.",
+        trl="per_device_eval_batch_size",
     )
     report_to: Sequence[str] = option(
         ("none",), "Metric sinks besides metrics.jsonl: one or more of none, tensorboard, wandb.", trl="report_to"

@@ -51,6 +51,24 @@ REFUSED: dict[str, str] = {
 }
 
 
+# today's TRL fields for engines rloo does not have: refused with the reason, never ignored
+UNSUPPORTED: dict[str, str] = {
+    "use_vllm": "rloo samples with its own KV-cached sampler, not vLLM (none on these machines); remove use_vllm "
+    "and every vllm_* setting",
+    "use_transformers_continuous_batching": "rloo samples with its own KV-cached sampler (one prefill per prompt "
+    "shared by its K samples); remove it",
+    "transformers_continuous_batching_config": "rloo samples with its own KV-cached sampler; remove it",
+    "use_transformers_paged": "rloo samples with its own KV-cached sampler; remove it",
+}
+
+
+def unsupported_reason(name: str) -> str | None:
+    """Why rloo refuses TRL field ``name`` (the vLLM family and the other generation engines), or None."""
+    if name.startswith("vllm_"):
+        return UNSUPPORTED["use_vllm"]
+    return UNSUPPORTED.get(name)
+
+
 def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
@@ -62,6 +80,9 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     for old in kwargs:
         if old in REFUSED:
             raise ValueError(f"RLOOConfig({old}=...) is an older TRL name rloo does not accept: {REFUSED[old]}")
+        reason = unsupported_reason(old)
+        if reason is not None:
+            raise ValueError(f"RLOOConfig({old}=...) is a TRL setting rloo does not support: {reason}")
         if old not in RENAMED:
             continue
         new, value = RENAMED[old], out.pop(old)

@@ -82,6 +82,7 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
             ("generation_kwargs", normalize_generation_kwargs),
             ("chat_template_kwargs", check_writable),
             ("gradient_checkpointing_kwargs", check_writable),
+            ("accelerator_config", check_writable),
         ):
             if getattr(self, name) is not None:
                 self._set(name, MappingProxyType(_normalized(name, getattr(self, name), normalize)))
@@ -139,6 +140,14 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
     @property
     def prompts_per_generation(self) -> int:
         return self.completions_per_generation // self.num_generations
+
+    @property
+    def eval_prompts_per_batch(self) -> int:
+        """Prompts per evaluation batch on one process: ``per_device_eval_batch_size`` completions in
+        whole prompts (at least one), or a training generation batch's prompts."""
+        if self.per_device_eval_batch_size is None:
+            return self.prompts_per_generation
+        return max(1, self.per_device_eval_batch_size // (self.num_generations_eval or self.num_generations))
 
     @property
     def optimizer_steps_per_generation(self) -> int:

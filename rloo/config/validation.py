@@ -51,6 +51,8 @@ def validate(config: RLOOConfig) -> None:
         _check_clip_range,
         _check_optimization,
         _check_compile,
+        _check_trl_inputs,
+        _check_reference_sync,
         _check_batches,
         _check_logging,
     )
@@ -196,6 +198,62 @@ def _check_compile(config: RLOOConfig) -> None:
     """The backend is checked against torch's list when the trainer compiles (torch is not imported here)."""
     if config.torch_compile_mode is not None and config.torch_compile_mode not in COMPILE_MODES:
         raise fail("torch_compile_mode", config.torch_compile_mode, f"choose one of {list(COMPILE_MODES)} or None")
+
+
+# accelerate's data-loader settings, each with the value that describes what rloo does (it uses no
+# accelerate data loader and accumulates gradients itself)
+ACCELERATOR_CONFIG: dict[str, Any] = {
+    "split_batches": False,
+    "dispatch_batches": None,
+    "even_batches": True,
+    "use_seedable_sampler": True,
+    "non_blocking": False,
+    "gradient_accumulation_kwargs": None,
+    "use_configured_state": False,
+}
+
+
+def _check_trl_inputs(config: RLOOConfig) -> None:
+    """TRL fields accepted only where they describe what rloo does."""
+    if config.dataloader_num_workers != 0:
+        raise fail(
+            "dataloader_num_workers",
+            config.dataloader_num_workers,
+            "only 0: rloo reads prompts by index in the training process, with no DataLoader to give workers",
+        )
+    if config.cache_implementation not in (None, "dynamic"):
+        raise fail(
+            "cache_implementation",
+            config.cache_implementation,
+            "only None or 'dynamic': rloo's sampler keeps its own preallocated KV cache",
+        )
+    if config.pad_to_multiple_of is not None and config.pad_to_multiple_of < 1:
+        raise fail("pad_to_multiple_of", config.pad_to_multiple_of, "must be >= 1, or None for no extra padding")
+    if config.per_device_eval_batch_size is not None and config.per_device_eval_batch_size < 1:
+        raise fail("per_device_eval_batch_size", config.per_device_eval_batch_size, "must be >= 1, or None")
+    for key, value in (config.accelerator_config or {}).items():
+        if key not in ACCELERATOR_CONFIG:
+            raise fail(
+                "accelerator_config",
+                dict(config.accelerator_config or {}),
+                f"unknown key {key!r}{did_you_mean(key, list(ACCELERATOR_CONFIG))}",
+            )
+        if value != ACCELERATOR_CONFIG[key] and not (key == "dispatch_batches" and value is False):
+            raise fail(
+                "accelerator_config",
+                dict(config.accelerator_config or {}),
+                f"{key}={value!r} has nothing to act on: rloo uses no accelerate data loader (every process draws "
+                f"the same prompt order and keeps its share) and accumulates gradients itself; drop {key}",
+            )
+
+
+def _check_reference_sync(config: RLOOConfig) -> None:
+    if not 0 <= config.ref_model_mixup_alpha <= 1:
+        raise fail("ref_model_mixup_alpha", config.ref_model_mixup_alpha, "must be in [0, 1]")
+    if config.ref_model_sync_steps < 1:
+        raise fail("ref_model_sync_steps", config.ref_model_sync_steps, "must be >= 1")
+    if config.sync_ref_model and config.algorithm.beta == 0:
+        raise fail("sync_ref_model", True, "there is no reference model with beta=0; set beta > 0 or drop it")
 
 
 def _check_batches(config: RLOOConfig) -> None:

@@ -56,16 +56,26 @@ def load_prompt_dataset(data: Any, split: str = "train", name: str | None = None
 
 
 def load_train_and_eval(
-    train_dataset: Any, eval_dataset: Any, eval_steps: int | None
+    train_dataset: Any, eval_dataset: Any, eval_steps: int | None, prompt_only: bool = False
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """The trainer's two datasets, checked: a train dataset is required, and ``eval_steps`` needs
-    an eval dataset (as in transformers)."""
+    an eval dataset (as in transformers). ``prompt_only`` (``remove_unused_columns``) keeps only
+    the columns the model reads: the prompt and an ``image``/``images`` column."""
     if train_dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
     if eval_steps is not None and eval_dataset is None:
         raise ValueError(f"RLOOConfig.eval_steps={eval_steps} needs an eval_dataset; pass one, or set eval_steps=None")
-    train = load_prompt_dataset(train_dataset)
-    return train, None if eval_dataset is None else load_prompt_dataset(eval_dataset)
+    loaded = [None if data is None else load_prompt_dataset(data) for data in (train_dataset, eval_dataset)]
+    if prompt_only:
+        loaded = [None if data is None else data.select_columns(model_columns(data)) for data in loaded]
+    train, evaluation = loaded
+    assert train is not None
+    return train, evaluation
+
+
+def model_columns(dataset: datasets.Dataset) -> list[str]:
+    """The columns the model reads (the rest only reach reward functions)."""
+    return [name for name in dataset.column_names if name in (PROMPT_COLUMN, "image", "images")]
 
 
 def load_dataset(data: Any, split: str = "train", name: str | None = None) -> datasets.Dataset:

@@ -10,6 +10,7 @@ recorded on the way, so no extra forward pass is needed for it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,26 @@ class Rollout:
     def completion_id_lists(self) -> list[list[int]]:
         """Each completion's token ids up to and including EOS, without padding."""
         return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]
+
+
+def _pad_columns(values: Tensor, width: int, value: float, left: bool) -> Tensor:
+    extra = width - values.shape[1]
+    return torch.nn.functional.pad(values, (extra, 0) if left else (0, extra), value=value)
+
+
+def pad_to_multiple(rollout: Rollout, multiple: int, pad_token_id: int) -> Rollout:
+    """``rollout`` with prompts left-padded and completions right-padded to a multiple of ``multiple``
+    tokens (``pad_to_multiple_of``). The padding is masked, so every sum over tokens is unchanged."""
+    prompt_width = -(-rollout.prompt_ids.shape[1] // multiple) * multiple
+    completion_width = -(-rollout.completion_ids.shape[1] // multiple) * multiple
+    return dataclasses.replace(
+        rollout,
+        prompt_ids=_pad_columns(rollout.prompt_ids, prompt_width, pad_token_id, left=True),
+        prompt_mask=_pad_columns(rollout.prompt_mask, prompt_width, 0, left=True),
+        completion_ids=_pad_columns(rollout.completion_ids, completion_width, pad_token_id, left=False),
+        completion_mask=_pad_columns(rollout.completion_mask, completion_width, 0, left=False),
+        sampling_logprobs=_pad_columns(rollout.sampling_logprobs, completion_width, 0, left=False),
+    )
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -66,6 +66,7 @@ from rloo.training.models import (
 from rloo.training.optimization import build_optimizer, total_steps
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
+from rloo.training.reference_sync import ReferenceSync
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.tracking import (
     MetricsSink,
@@ -107,7 +108,9 @@ class RLOOTrainer:
         check_engine(self.accelerator.distributed_type)
         self.ranks = Ranks.from_accelerator(self.accelerator)
         self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
-        self.train_dataset, self.eval_dataset = load_train_and_eval(train_dataset, eval_dataset, args.eval_steps)
+        self.train_dataset, self.eval_dataset = load_train_and_eval(
+            train_dataset, eval_dataset, args.eval_steps, args.remove_unused_columns
+        )
 
         policy, self.ref_model = prepare_policy(
             model,
@@ -133,6 +136,7 @@ class RLOOTrainer:
         if self.ref_model is not None:
             self.ref_model.to(device)
         self.rewards.to(device)
+        self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)
         self.callbacks = list(callbacks or [])
         self.output_dir = Path(args.output_dir)
@@ -302,6 +306,7 @@ class RLOOTrainer:
     def _finish_step(self, metrics: dict[str, float], step_start: float) -> None:
         args, state = self.args, self.state
         state.global_step += 1
+        self.reference_sync.after_step(state.global_step)
         state.epoch = self.sampler.epochs_completed_float
         metrics.update(step_timing(metrics, time.perf_counter() - step_start, args.optimizer_steps_per_generation))
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
@@ -341,6 +346,7 @@ class RLOOTrainer:
         require_finite_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         rng = self.ranks.gather_objects(rng_state())
         state = checkpoints.training_state(self.optimizer, self.scheduler, self.sampler, rng_per_rank=rng)
+        state[ReferenceSync.KEY] = self.reference_sync.state()
         path = self.ranks.on_main(
             lambda: checkpoints.save_checkpoint(
                 self.output_dir,
@@ -360,6 +366,7 @@ class RLOOTrainer:
         objects = (self.optimizer, self.scheduler, self.sampler)
         trainer_state = checkpoints.restore_checkpoint(path, self.unwrapped_model, *objects, rank=self.ranks.rank)
         trainer_state.pop("world_size", None)
+        self.reference_sync.restore(path)
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 
@@ -377,7 +384,7 @@ class RLOOTrainer:
             scored = self._scored_rollout(dataset, indices, groups, sampling_seed=seed, settings=settings)
             return scored.rewards.rewards_or_nan().cpu()
 
-        shares = self.ranks.map_batches(score, len(dataset), self.args.prompts_per_generation)
+        shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
         return eval_metrics(torch.cat(shares))
 
     def save_model(self, output_dir: str | None = None) -> Path:
