@@ -7,7 +7,8 @@ One *generation batch* is P prompts x K completions. Each goes through numbered 
               (phases 1-2 are :func:`rloo.pipeline.generate_and_score`);
 3. log-probs  reference log-probs when beta > 0; "old" log-probs only when the batch
               feeds more than one optimizer step (else the current ones, detached, are it);
-4. advantages KL penalty (where its placement puts it) and the baseline of the estimator;
+4. advantages KL penalty (where its placement puts it) and the baseline of the estimator
+              (phases 3-4 are :class:`rloo.training.experience.ExperienceMaker`);
 5. update     ``num_iterations`` passes of micro-batches with gradient accumulation,
               clipping, AdamW and the LR schedule; then logging and checkpoints.
 
@@ -28,15 +29,11 @@ from rich.console import Console
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normalize_advantages
-from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
-from rloo.algo.masks import mask_truncated
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import reward_funcs_or_reward_model
 from rloo.data.loading import load_train_and_eval
 from rloo.data.prompts import gather_columns
 from rloo.data.sampler import PromptSampler
-from rloo.generation.rollout import Rollout
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
@@ -44,27 +41,21 @@ from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows
 from rloo.training.checkpoints import rng_state
 from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
+from rloo.training.experience import ExperienceMaker
 from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.metrics import (
-    append_jsonl,
-    batch_record,
-    batch_warnings,
-    completion_rows,
     eval_metrics,
-    generation_metrics,
-    merge_records,
     step_timing,
 )
 from rloo.training.models import (
     count_parameters,
     load_tokenizer,
     prepare_policy,
-    reference_mode,
     resolve_mixed_precision,
 )
 from rloo.training.optimization import build_optimizer, total_steps
-from rloo.training.passes import max_rows_per_pass, no_grad_logprobs, objective_settings
+from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
@@ -99,8 +90,6 @@ class RLOOTrainer:
         # the config is frozen: what is read here is what config.yaml records
         self.args = args = as_config(args)
         self.spec = args.algorithm
-        self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
-        self._objective = objective_settings(self.spec, self.loss_beta, args.max_completion_length)
         set_seed(args.seed)
         self.accelerator = Accelerator(
             mixed_precision=resolve_mixed_precision(args.bf16, args.fp16), cpu=cpu_processes()
@@ -145,8 +134,19 @@ class RLOOTrainer:
         self._window: list[dict[str, float]] = []
         self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
         self._stop = StopRequest()
+        self.experience = ExperienceMaker(
+            args,
+            self.ranks,
+            lambda: self.unwrapped_model,
+            self.ref_model,
+            self.rewards.names,
+            self.accelerator.autocast,
+            self.warn,
+            self.output_dir,
+        )
+        objective = objective_settings(self.spec, self.experience.loss_beta, args.max_completion_length)
         self.updater = Updater(
-            self.unwrapped_model, self.optimizer, self.scheduler, self.accelerator, self.ranks, args, self._objective
+            self.unwrapped_model, self.optimizer, self.scheduler, self.accelerator, self.ranks, args, objective
         )
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
@@ -199,54 +199,14 @@ class RLOOTrainer:
 
     # ------------------------------------------------------------------ phases 1-4
     def _generate_and_score(self) -> TrainBatch:
-        args, spec, state = self.args, self.spec, self.state
+        args, state = self.args, self.state
         # every process draws the same global batch and keeps its share: whole groups (all K) each
         world = self.sampler.next_indices(args.prompts_per_generation * self.ranks.world_size)
         indices, first = self.ranks.shard(world), state.num_groups_seen + self.ranks.rank * args.prompts_per_generation
         group_ids = range(first, first + len(indices))
         state.num_groups_seen += len(world)
         scored = self._scored_rollout(self.train_dataset, indices, group_ids, sampling_seed=args.seed)  # 1-2
-        rollout, scorable = scored.rollout, scored.rewards.scorable
-        rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
-        t0 = time.perf_counter()  # 3. log-probs
-        loss_mask = rollout.completion_mask
-        if spec.mask_truncated_completions:
-            loss_mask = mask_truncated(loss_mask, rollout.truncated)
-        reference_logprobs = self._reference_logprobs(rollout) if spec.beta > 0 else None
-        old_logprobs = None
-        if args.optimizer_steps_per_generation > 1:
-            max_rows = self._max_rows(rollout)
-            autocast = self.accelerator.autocast
-            old_logprobs = no_grad_logprobs(self.unwrapped_model, rollout, args.temperature, max_rows, autocast)
-        t1 = time.perf_counter()  # 4. advantages
-        per_token_kl = None
-        if reference_logprobs is not None:
-            sampling_logprobs = old_logprobs if old_logprobs is not None else rollout.sampling_logprobs
-            per_token_kl = get_kl_estimator(spec.kl_estimator)(sampling_logprobs, reference_logprobs)
-            rewards = kl_penalized_rewards(rewards, per_token_kl, loss_mask, self.reward_beta)
-        stats = self.ranks.batch_stats  # batch-level statistics span every process's batch
-        advantages = get_advantage_estimator(spec.advantage_estimator)(
-            rewards, rollout.group_ids, scorable, stats=stats
-        )
-        if spec.normalize_advantages:
-            advantages = normalize_advantages(advantages, scorable, stats=stats)
-
-        records = self.ranks.gather_objects(batch_record(scored, rewards, advantages))
-        metrics = generation_metrics(merge_records(records), self.rewards.names)
-        limit = getattr(self.unwrapped_model.config, "max_position_embeddings", None)
-        for message in batch_warnings(metrics, self.rewards.names, args.max_prompt_length, limit):
-            self.warn(message)
-        if per_token_kl is not None:
-            kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
-            metrics["kl"] = kl_sum / max(tokens, 1.0)
-        metrics["timing/reference"] = t1 - t0
-        (seen,) = self.ranks.sum([float(rollout.prompt_mask.sum()) + rollout.num_completion_tokens])
-        state.num_input_tokens_seen += int(seen)
-        if args.log_completions and state.global_step % args.logging_steps == 0:
-            rows = self.ranks.gather_objects(completion_rows(state.global_step, scored, advantages))
-            if self.ranks.is_main:
-                append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
-        return TrainBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
+        return self.experience.make(scored, state)  # 3-4
 
     def _scored_rollout(
         self,
@@ -270,16 +230,6 @@ class RLOOTrainer:
             autocast=self.accelerator.autocast,
         )
 
-    def _max_rows(self, rollout: Rollout, cap: int | None = None) -> int:
-        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``)."""
-        cap = cap or rollout.completion_ids.shape[0]
-        return max_rows_per_pass(self.unwrapped_model, rollout, self.args.max_logits_memory_mb, cap)
-
-    def _reference_logprobs(self, rollout: Rollout) -> Tensor:
-        with reference_mode(self.unwrapped_model, self.ref_model) as reference:
-            max_rows, autocast = self._max_rows(rollout), self.accelerator.autocast
-            return no_grad_logprobs(reference, rollout, self.args.temperature, max_rows, autocast)
-
     # ------------------------------------------------------------------ phase 5
     def _update(self, batch: TrainBatch) -> None:
         args = self.args
@@ -296,7 +246,7 @@ class RLOOTrainer:
                 self._finish_step({**batch.metrics, **step_metrics}, step_start)
 
     def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor]) -> dict[str, float]:
-        max_rows = self._max_rows(batch.rollout, cap=self.args.per_device_train_batch_size)
+        max_rows = self.experience.max_rows(batch.rollout, cap=self.args.per_device_train_batch_size)
         outcome = self.updater.step(batch, step_rows, max_rows, self.state.global_step)
         if outcome.skipped:
             self.warn(SKIPPED_STEP)
