@@ -197,7 +197,7 @@ TRAINER_CASES: list[tuple[str, Callable[[Path], dict[str, Any]], type[Exception]
         "model-not-a-model",
         lambda tmp: {"model": 3},
         ValueError,
-        ["model must be a path, a hub id or a PreTrainedModel, got int"],
+        ["model must be a path, a hub id, a PreTrainedModel or a peft PeftModel, got int"],
     ),
     (
         "model-instance-without-tokenizer",

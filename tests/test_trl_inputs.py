@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import datasets
 import pytest
 import torch
 import yaml
@@ -17,6 +18,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.data.prompts import render_prompt
+from rloo.data.sampler import StreamedRows
 from rloo.generation.stopping import StopStrings
 from rloo.pipeline import RolloutSettings, ScoredRollout, eos_token_ids, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
@@ -343,9 +345,9 @@ def test_per_device_eval_batch_size_sets_the_eval_batches_not_the_results(tmp_pa
         sizes: list[int] = []
         original = trainer._scored_rollout
 
-        def recording(dataset: Any, indices: list[int], *args: Any, **kwargs: Any) -> Any:
-            sizes.append(len(indices))
-            return original(dataset, indices, *args, **kwargs)
+        def recording(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+            sizes.append(len(rows))
+            return original(rows, *args, **kwargs)
 
         trainer._scored_rollout = recording  # type: ignore[method-assign]
         return sizes, trainer.evaluate()
@@ -363,7 +365,8 @@ def test_pad_to_multiple_of_pads_masked_and_trains_the_same(tmp_path: Path) -> N
     padded = make_trainer(tmp_path / "padded", pad_to_multiple_of=8)
     batches = []
     for trainer in (plain, padded):
-        batches.append(trainer._scored_rollout(trainer.train_dataset, [0, 1], range(2), sampling_seed=0).rollout)
+        rows = [trainer.train_dataset[0], trainer.train_dataset[1]]
+        batches.append(trainer._scored_rollout(rows, range(2), sampling_seed=0).rollout)
     assert batches[1].prompt_ids.shape[1] % 8 == 0 and batches[1].completion_ids.shape[1] % 8 == 0
     assert batches[1].completion_mask.sum() == batches[0].completion_mask.sum()
     width = batches[0].completion_ids.shape[1]
@@ -426,4 +429,50 @@ def test_sync_ref_model_under_lora_is_refused(tmp_path: Path) -> None:
             train_dataset=dataset(),
             processing_class=tokenizer,
             peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+        )
+
+
+# ----------------------------------------------------------------- streaming train datasets
+def _stream(n: int = 40, bad_row: int | None = None) -> datasets.IterableDataset:
+    rows = dataset(n)
+    if bad_row is not None:
+        rows[bad_row] = {"prompt": "", "answer": "0"}
+    return datasets.Dataset.from_list(rows).to_iterable_dataset(num_shards=1)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_streaming_train_dataset_trains_and_resumes_exactly(tmp_path: Path, shuffle: bool) -> None:
+    overrides: dict[str, Any] = {"max_steps": 4, "save_steps": 2, "shuffle_dataset": shuffle}
+    streamed = make_trainer(tmp_path / "straight", data=_stream(3), **overrides)  # 3 rows: epochs wrap
+    streamed.train()
+    first = make_trainer(tmp_path / "resumed", data=_stream(3), **overrides)
+    first.state.max_steps = 2
+    first.train()
+    resumed = make_trainer(tmp_path / "resumed", data=_stream(3), **overrides)
+    resumed.train(resume_from_checkpoint=True)
+    for name, value in params(streamed.unwrapped_model).items():
+        torch.testing.assert_close(params(resumed.unwrapped_model)[name], value, rtol=0, atol=0, msg=name)
+    assert streamed.state.epoch == 2.0  # 4 steps x 2 prompts = 8 prompts = 2 epochs of 3 + 2
+
+
+def test_a_streaming_train_dataset_reads_the_rows_a_map_style_one_would(tmp_path: Path) -> None:
+    source = StreamedRows(_stream(5), seed=0, shuffle=False)
+    assert [row["prompt"] for row in source.next_rows(7)] == [row["prompt"] for row in dataset(5) + dataset(2)]
+    assert source.epochs_completed_float == 1.0
+
+
+def test_streaming_needs_max_steps_and_names_a_bad_row(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_steps=-1 is invalid with a streaming train_dataset"):
+        make_trainer(tmp_path, data=_stream(), max_steps=-1)
+    trainer = make_trainer(tmp_path, data=_stream(bad_row=3), shuffle_dataset=False)
+    with pytest.raises(ValueError, match="invalid prompt in row 3 of the streaming train_dataset"):
+        trainer.train()
+    with pytest.raises(ValueError, match="eval_dataset is a streaming IterableDataset"):
+        RLOOTrainer(
+            make_model(make_tokenizer()),
+            frac7,
+            args=config(tmp_path),
+            train_dataset=dataset(),
+            eval_dataset=_stream(),
+            processing_class=make_tokenizer(),
         )

@@ -65,6 +65,11 @@ def load_train_and_eval(
         raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
     if eval_steps is not None and eval_dataset is None:
         raise ValueError(f"RLOOConfig.eval_steps={eval_steps} needs an eval_dataset; pass one, or set eval_steps=None")
+    if isinstance(eval_dataset, datasets.IterableDataset):
+        raise ValueError(
+            "eval_dataset is a streaming IterableDataset; evaluation reads every row, so give a map-style Dataset "
+            "(load it without streaming=True, or take rows with Dataset.from_list(list(stream.take(n))))"
+        )
     loaded = [None if data is None else load_prompt_dataset(data) for data in (train_dataset, eval_dataset)]
     if prompt_only:
         loaded = [None if data is None else data.select_columns(model_columns(data)) for data in loaded]
@@ -75,16 +80,24 @@ def load_train_and_eval(
 
 def model_columns(dataset: datasets.Dataset) -> list[str]:
     """The columns the model reads (the rest only reach reward functions)."""
-    return [name for name in dataset.column_names if name in (PROMPT_COLUMN, "image", "images")]
+    return [name for name in column_names(dataset) if name in (PROMPT_COLUMN, "image", "images")]
+
+
+def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[str]:
+    """The dataset's columns; a streaming dataset without known features shows its first row's."""
+    if dataset.column_names is not None:
+        return list(dataset.column_names)
+    return list(next(iter(dataset), {}).keys())
 
 
 def load_dataset(data: Any, split: str = "train", name: str | None = None) -> datasets.Dataset:
     """Like :func:`load_prompt_dataset`, without the ``prompt`` column checks (for renames first).
 
     A string or path that exists is read locally; one that does not and looks like a hub id
-    (no suffix, not absolute) is loaded from the hub.
+    (no suffix, not absolute) is loaded from the hub. A streaming ``IterableDataset`` is
+    returned as is (its rows are checked as they are drawn: :class:`rloo.data.sampler.StreamedRows`).
     """
-    if isinstance(data, datasets.Dataset):
+    if isinstance(data, datasets.Dataset | datasets.IterableDataset):
         return data
     if isinstance(data, datasets.DatasetDict):
         return _take_split(data, split)
@@ -152,8 +165,14 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
 def validate_prompt_dataset(dataset: datasets.Dataset) -> None:
     """Raise ``ValueError`` if ``dataset`` is empty, has no ``prompt`` column or a bad prompt.
 
-    All rows are checked; the message names the first bad one and how many are bad.
+    All rows are checked; the message names the first bad one and how many are bad. A streaming
+    dataset is checked for its ``prompt`` column only (where its features are known).
     """
+    if isinstance(dataset, datasets.IterableDataset):
+        names = dataset.column_names
+        if names is not None and PROMPT_COLUMN not in names:
+            raise ValueError(f"dataset has no `prompt` column (columns: {', '.join(names)}); rename it to `prompt`")
+        return
     if len(dataset) == 0:
         raise ValueError("the prompt dataset is empty")
     if PROMPT_COLUMN not in dataset.column_names:

@@ -129,6 +129,12 @@ def gather_columns(dataset: datasets.Dataset, indices: Sequence[int]) -> dict[st
     return {name: list(rows[name]) for name in names}
 
 
+def columns_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """:func:`gather_columns` for rows already read: ``{name: [value per row]}``, ``prompt`` left out."""
+    names = [name for name in rows[0] if name != PROMPT_COLUMN] if rows else []
+    return {name: [row[name] for row in rows] for name in names}
+
+
 def repeat_per_completion(values: Sequence[Any], num_generations: int) -> list[Any]:
     """Each of P values repeated ``num_generations`` (K) times: the K completions of a prompt
     are consecutive, so prompt i's value is at positions ``i*K .. i*K + K - 1``."""

@@ -1,11 +1,13 @@
-"""The order prompts are drawn in: a deterministic, resumable sampler.
+"""The order prompts are drawn in: deterministic, resumable row sources.
 
-Where we depart from TRL: prompt order comes from :class:`PromptSampler`, whose state
-(epoch, position) goes into checkpoints, instead of a ``DataLoader`` with a repeat sampler.
+Where we depart from TRL: prompt order comes from :class:`PromptSampler` (map-style datasets)
+or :class:`StreamedRows` (streaming ones), whose state (epoch, position) goes into checkpoints,
+instead of a ``DataLoader`` with a repeat sampler.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -88,3 +90,107 @@ class PromptSampler:
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
         self._order = self._epoch_order(self._epoch)
+
+
+class IndexedRows:
+    """Rows of a map-style dataset in :class:`PromptSampler`'s order (its state is this one's)."""
+
+    def __init__(self, dataset: Any, seed: int, shuffle: bool = True) -> None:
+        self.dataset = dataset
+        self.sampler = PromptSampler(len(dataset), seed, shuffle)
+
+    @property
+    def epochs_completed_float(self) -> float:
+        return self.sampler.epochs_completed_float
+
+    def next_rows(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` rows (dicts of every column), crossing into the next epoch as needed."""
+        return [self.dataset[i] for i in self.sampler.next_indices(n)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("streaming"):
+            raise ValueError(
+                "the checkpoint was saved training on a streaming dataset; resume with the same (streaming) dataset"
+            )
+        self.sampler.load_state_dict(state)
+
+
+class StreamedRows:
+    """Rows of a streaming ``datasets.IterableDataset``, read in order and restarted at its end.
+
+    With ``shuffle``, epoch ``e`` reads ``dataset.shuffle(seed, buffer_size)`` after
+    ``set_epoch(e)`` (datasets' buffered shuffle: the order depends only on seed and epoch), so
+    resuming needs ``(epoch, position)``: the stream is re-read and ``position`` rows are skipped.
+    Each row's prompt is checked when it is drawn (a stream cannot be checked up front); the
+    error names its position in the stream.
+    """
+
+    def __init__(self, dataset: Any, seed: int, shuffle: bool = True, buffer_size: int = 1000) -> None:
+        self.seed, self.shuffle = seed, shuffle
+        self.dataset = dataset.shuffle(seed=seed, buffer_size=buffer_size) if shuffle else dataset
+        self._epoch, self._position = 0, 0
+        self._rows = self._epoch_rows(0)
+
+    @property
+    def epochs_completed_float(self) -> float:
+        """Completed epochs (a stream's length is unknown, so no fraction)."""
+        return float(self._epoch)
+
+    def _epoch_rows(self, epoch: int, skip: int = 0) -> Iterator[dict[str, Any]]:
+        if self.shuffle:
+            self.dataset.set_epoch(epoch)
+        rows: Iterator[dict[str, Any]] = iter(self.dataset)
+        for _ in range(skip):
+            next(rows)
+        return rows
+
+    def next_rows(self, n: int) -> list[dict[str, Any]]:
+        from rloo.data.loading import PROMPT_COLUMN, prompt_problem
+
+        out: list[dict[str, Any]] = []
+        while len(out) < n:
+            row = next(self._rows, None)
+            if row is None:
+                if self._position == 0:
+                    raise ValueError("the streaming train_dataset yielded no rows")
+                self._epoch, self._position = self._epoch + 1, 0
+                self._rows = self._epoch_rows(self._epoch)
+                continue
+            problem = prompt_problem(row.get(PROMPT_COLUMN)) if PROMPT_COLUMN in row else "it has no `prompt` column"
+            if problem is not None:
+                raise ValueError(f"invalid prompt in row {self._position} of the streaming train_dataset: {problem}")
+            self._position += 1
+            out.append(row)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "streaming": True,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self._epoch,
+            "position": self._position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where the saved stream stopped; the dataset, seed and shuffle setting must match."""
+        for key in ("streaming", "seed", "shuffle"):
+            if state.get(key) != getattr(self, key, True):
+                raise ValueError(
+                    f"sampler state was saved with {key}={state.get(key)!r} but this run has "
+                    f"{key}={getattr(self, key, True)!r}; resume with the same dataset, seed and shuffle setting"
+                )
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        self._rows = self._epoch_rows(self._epoch, skip=self._position)
+
+
+def row_source(dataset: Any, seed: int, shuffle: bool = True) -> IndexedRows | StreamedRows:
+    """The prompt order of a train dataset: indexed for a map-style one, streamed for an iterable one."""
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDataset):
+        return StreamedRows(dataset, seed, shuffle)
+    return IndexedRows(dataset, seed, shuffle)

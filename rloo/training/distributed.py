@@ -28,6 +28,7 @@ Only the main process writes files. One process (``world_size == 1``) calls no c
 from __future__ import annotations
 
 import atexit
+import datetime
 import math
 import os
 from collections.abc import Callable
@@ -166,8 +167,20 @@ def check_engine(distributed_type: Any) -> None:
 
 
 def release_process_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """At exit: wait for every process, then tear the group down. A process that tore its gloo
+    connections down while a peer was still finishing its last collective made that peer abort
+    ("terminate called without an active exception"), seen as a flaky exit code -6. A peer that is
+    gone (crashed) fails the barrier within a minute, and the group is torn down anyway."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        else:
+            dist.barrier()
+    except RuntimeError:
+        pass
+    dist.destroy_process_group()
 
 
 def _first(pair: tuple[int, Any]) -> int:

@@ -27,11 +27,17 @@ from rloo.config import RLOOConfig
 BITSANDBYTES_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
-def total_steps(args: RLOOConfig, num_prompts: int, world_size: int = 1) -> int:
+def total_steps(args: RLOOConfig, num_prompts: int | None, world_size: int = 1) -> int:
     """``max_steps``, or the optimizer steps of ``num_train_epochs`` over ``num_prompts`` prompts
-    (a generation batch takes ``prompts_per_generation`` prompts on each of ``world_size`` processes)."""
+    (a generation batch takes ``prompts_per_generation`` prompts on each of ``world_size`` processes).
+    ``num_prompts=None`` (a streaming dataset: its length is unknown) needs ``max_steps``."""
     if args.max_steps > 0:
         return args.max_steps
+    if num_prompts is None:
+        raise ValueError(
+            "RLOOConfig.max_steps=-1 is invalid with a streaming train_dataset: its length is unknown, so "
+            "num_train_epochs cannot give a step count; set max_steps (as transformers asks for an IterableDataset)"
+        )
     generations = math.ceil(args.num_train_epochs * num_prompts / (args.prompts_per_generation * world_size))
     return max(1, generations * args.optimizer_steps_per_generation)
 

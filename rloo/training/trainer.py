@@ -31,9 +31,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import reward_funcs_or_reward_model
-from rloo.data.loading import load_train_and_eval
-from rloo.data.prompts import gather_columns
-from rloo.data.sampler import PromptSampler
+from rloo.data.loading import column_names, load_train_and_eval
+from rloo.data.prompts import columns_of
+from rloo.data.sampler import row_source
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
@@ -114,11 +114,12 @@ class RLOOTrainer:
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
-        self.rewards.check_arguments(self.train_dataset.column_names)
+        self.rewards.check_arguments(column_names(self.train_dataset))
         self.reward_funcs = self.rewards.funcs  # TRL's attribute
 
-        self.sampler = PromptSampler(len(self.train_dataset), args.seed, args.shuffle_dataset)
-        self.state = TrainerState(max_steps=total_steps(args, len(self.train_dataset), self.ranks.world_size))
+        self.sampler = row_source(self.train_dataset, args.seed, args.shuffle_dataset)
+        num_prompts = getattr(self.train_dataset, "num_rows", None)  # None: streaming
+        self.state = TrainerState(max_steps=total_steps(args, num_prompts, self.ranks.world_size))
         optimizer, self.scheduler = build_optimizer(policy, args, self.state.max_steps)
         self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
         device = self.accelerator.device
@@ -201,27 +202,22 @@ class RLOOTrainer:
     def _generate_and_score(self) -> TrainBatch:
         args, state = self.args, self.state
         # every process draws the same global batch and keeps its share: whole groups (all K) each
-        world = self.sampler.next_indices(args.prompts_per_generation * self.ranks.world_size)
-        indices, first = self.ranks.shard(world), state.num_groups_seen + self.ranks.rank * args.prompts_per_generation
-        group_ids = range(first, first + len(indices))
+        world = self.sampler.next_rows(args.prompts_per_generation * self.ranks.world_size)
+        rows, first = self.ranks.shard(world), state.num_groups_seen + self.ranks.rank * args.prompts_per_generation
+        group_ids = range(first, first + len(rows))
         state.num_groups_seen += len(world)
-        scored = self._scored_rollout(self.train_dataset, indices, group_ids, sampling_seed=args.seed)  # 1-2
+        scored = self._scored_rollout(rows, group_ids, sampling_seed=args.seed)  # 1-2
         return self.experience.make(scored, state)  # 3-4
 
     def _scored_rollout(
-        self,
-        dataset: Any,
-        indices: list[int],
-        group_ids: range,
-        sampling_seed: int,
-        settings: RolloutSettings | None = None,
+        self, rows: list[dict[str, Any]], group_ids: range, sampling_seed: int, settings: RolloutSettings | None = None
     ) -> ScoredRollout:
-        """Phases 1-2 for the prompts at ``indices`` of ``dataset`` (``settings``: the run's by default)."""
+        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default)."""
         return generate_and_score(
             self.unwrapped_model,
             self.processing_class,
-            [dataset[i]["prompt"] for i in indices],
-            gather_columns(dataset, indices),
+            [row["prompt"] for row in rows],
+            columns_of(rows),
             self.rewards,
             settings or self.rollout_settings,
             group_ids=group_ids,
@@ -331,7 +327,8 @@ class RLOOTrainer:
 
         def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
             groups, seed = range(indices[0], indices[-1] + 1), eval_seed(self.args.seed)
-            scored = self._scored_rollout(dataset, indices, groups, sampling_seed=seed, settings=settings)
+            rows = [dataset[i] for i in indices]
+            scored = self._scored_rollout(rows, groups, sampling_seed=seed, settings=settings)
             return scored.rewards.rewards_or_nan().cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
