@@ -476,3 +476,36 @@ def test_streaming_needs_max_steps_and_names_a_bad_row(tmp_path: Path) -> None:
             eval_dataset=_stream(),
             processing_class=make_tokenizer(),
         )
+
+
+# ----------------------------------------------------------------- named eval sets, evaluate(eval_dataset=...)
+def test_a_dict_of_eval_sets_is_evaluated_and_logged_by_name(tmp_path: Path) -> None:
+    sets = {"easy": dataset(4), "hard": dataset(40)[30:36]}
+    tokenizer = make_tokenizer()
+    trainer = RLOOTrainer(
+        make_model(tokenizer),
+        frac7,
+        args=config(tmp_path, eval_steps=2),
+        train_dataset=dataset(),
+        eval_dataset=sets,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "eval_easy_reward" in row]
+    assert [row["step"] for row in logged] == [2.0] and "eval_hard_reward" in logged[0]
+    # each named set scores as it would alone (seeded per completion and group)
+    alone = trainer.evaluate(eval_dataset=sets["hard"])
+    assert trainer.evaluate()["eval_hard_reward"] == alone["eval_reward"]
+    assert trainer.evaluate(eval_dataset=sets["easy"], metric_key_prefix="test") == {
+        key.replace("eval_easy", "test"): value for key, value in trainer.evaluate().items() if "easy" in key
+    }
+
+
+def test_evaluate_takes_a_dataset_the_trainer_was_built_without(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(ValueError, match="evaluate\\(\\) needs an eval_dataset"):
+        trainer.evaluate()
+    metrics = trainer.evaluate(eval_dataset=dataset(4))
+    assert set(metrics) == {"eval_reward", "eval_reward_std", "eval_unscorable"}
+    with pytest.raises(ValueError, match="eval_dataset is an empty dict"):
+        trainer.evaluate(eval_dataset={})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import datasets
 
@@ -55,27 +55,50 @@ def load_prompt_dataset(data: Any, split: str = "train", name: str | None = None
     return dataset
 
 
+EvalSets: TypeAlias = "datasets.Dataset | dict[str, datasets.Dataset]"
+
+
 def load_train_and_eval(
     train_dataset: Any, eval_dataset: Any, eval_steps: int | None, prompt_only: bool = False
-) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    """The trainer's two datasets, checked: a train dataset is required, and ``eval_steps`` needs
-    an eval dataset (as in transformers). ``prompt_only`` (``remove_unused_columns``) keeps only
-    the columns the model reads: the prompt and an ``image``/``images`` column."""
+) -> tuple[datasets.Dataset, EvalSets | None]:
+    """The trainer's datasets, checked: a train dataset is required, and ``eval_steps`` needs an
+    eval dataset (as in transformers). ``eval_dataset`` may be a dict of named sets (a
+    ``DatasetDict`` is one), as transformers takes it. ``prompt_only`` (``remove_unused_columns``)
+    keeps only the columns the model reads: the prompt and an ``image``/``images`` column."""
     if train_dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
     if eval_steps is not None and eval_dataset is None:
         raise ValueError(f"RLOOConfig.eval_steps={eval_steps} needs an eval_dataset; pass one, or set eval_steps=None")
+    train = load_prompt_dataset(train_dataset)
+    evaluation = None if eval_dataset is None else load_eval_sets(eval_dataset)
+    if not prompt_only:
+        return train, evaluation
+    if isinstance(evaluation, dict):
+        return keep_model_columns(train), {name: keep_model_columns(data) for name, data in evaluation.items()}
+    return keep_model_columns(train), None if evaluation is None else keep_model_columns(evaluation)
+
+
+def load_eval_sets(eval_dataset: Any) -> EvalSets:
+    """One eval set, or a dict of named ones (a ``DatasetDict`` too), each loaded and checked;
+    a streaming set is refused (evaluation reads every row)."""
+    if isinstance(eval_dataset, dict):
+        if not eval_dataset:
+            raise ValueError("eval_dataset is an empty dict; give one dataset, or a dict of named ones")
+        return {str(name): _one_eval_set(data) for name, data in eval_dataset.items()}
+    return _one_eval_set(eval_dataset)
+
+
+def _one_eval_set(eval_dataset: Any) -> datasets.Dataset:
     if isinstance(eval_dataset, datasets.IterableDataset):
         raise ValueError(
             "eval_dataset is a streaming IterableDataset; evaluation reads every row, so give a map-style Dataset "
             "(load it without streaming=True, or take rows with Dataset.from_list(list(stream.take(n))))"
         )
-    loaded = [None if data is None else load_prompt_dataset(data) for data in (train_dataset, eval_dataset)]
-    if prompt_only:
-        loaded = [None if data is None else data.select_columns(model_columns(data)) for data in loaded]
-    train, evaluation = loaded
-    assert train is not None
-    return train, evaluation
+    return load_prompt_dataset(eval_dataset)
+
+
+def keep_model_columns(dataset: datasets.Dataset) -> datasets.Dataset:
+    return dataset.select_columns(model_columns(dataset))
 
 
 def model_columns(dataset: datasets.Dataset) -> list[str]:

@@ -203,15 +203,23 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     return metrics
 
 
-def eval_metrics(rewards: Tensor) -> dict[str, float]:
+def eval_metrics(rewards: Tensor, prefix: str = "eval") -> dict[str, float]:
     """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, and how many were
-    unscorable; ``rewards: (N,)`` combined rewards, NaN where unscorable."""
+    unscorable; ``rewards: (N,)`` combined rewards, NaN where unscorable. ``prefix``: ``eval``, or
+    ``eval_<name>`` for a named eval set (as transformers names them)."""
     scored = rewards[~rewards.isnan()]
     return {
-        "eval_reward": float(scored.mean()) if scored.numel() else float("nan"),
-        "eval_reward_std": _std(scored),
-        "eval_unscorable": float(rewards.isnan().sum()),
+        f"{prefix}_reward": float(scored.mean()) if scored.numel() else float("nan"),
+        f"{prefix}_reward_std": _std(scored),
+        f"{prefix}_unscorable": float(rewards.isnan().sum()),
     }
+
+
+def headline_eval_reward(logs: dict[str, float]) -> float:
+    """The eval reward the health monitors follow: ``eval_reward``, or the first named set's."""
+    if "eval_reward" in logs:
+        return logs["eval_reward"]
+    return next(value for key, value in logs.items() if key.startswith("eval_") and key.endswith("_reward"))
 
 
 def step_timing(metrics: dict[str, float], train_seconds: float, steps_per_generation: int) -> dict[str, float]:

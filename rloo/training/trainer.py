@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import reward_funcs_or_reward_model
-from rloo.data.loading import column_names, load_train_and_eval
+from rloo.data.loading import column_names, load_eval_sets, load_train_and_eval
 from rloo.data.prompts import columns_of
 from rloo.data.sampler import row_source
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
@@ -46,6 +46,7 @@ from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.metrics import (
     eval_metrics,
+    headline_eval_reward,
     step_timing,
 )
 from rloo.training.models import (
@@ -266,7 +267,8 @@ class RLOOTrainer:
             self._window = []
         if args.eval_steps and self.eval_dataset is not None and state.global_step % args.eval_steps == 0:
             logs = self.evaluate()
-            self._raise_alerts(self.health.observe_eval(state.health, state.global_step, logs["eval_reward"]), logs)
+            reward = headline_eval_reward(logs)
+            self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
             self._log(logs)
         if state.global_step % args.save_steps == 0:
             self._checkpoint_due = True  # written once this generation batch is used up
@@ -317,12 +319,17 @@ class RLOOTrainer:
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 
     # ------------------------------------------------------------------ public helpers
-    def evaluate(self) -> dict[str, float]:
-        """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics; with its own
-        sampling seed and group ids, it leaves the trainer state and so the training run alone."""
-        if self.eval_dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset")
-        dataset, k = self.eval_dataset, self.args.num_generations_eval or self.args.num_generations
+    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics (``eval_<name>_``
+        for each of a dict of named sets); ``eval_dataset``: another set (or dict) than the trainer's.
+        With its own sampling seed and group ids, it leaves the trainer state and so the run alone."""
+        data = self.eval_dataset if eval_dataset is None else load_eval_sets(eval_dataset)
+        if data is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate()")
+        if isinstance(data, dict):
+            named = [self.evaluate(sub, f"{metric_key_prefix}_{name}") for name, sub in data.items()]
+            return {key: value for metrics in named for key, value in metrics.items()}
+        dataset, k = data, self.args.num_generations_eval or self.args.num_generations
         settings = dataclasses.replace(self.rollout_settings, num_generations=k)
 
         def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
@@ -332,7 +339,7 @@ class RLOOTrainer:
             return scored.rewards.rewards_or_nan().cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
-        return eval_metrics(torch.cat(shares))
+        return eval_metrics(torch.cat(shares), metric_key_prefix)
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
