@@ -25,6 +25,7 @@ from rloo.rewards.builtins import (
 from rloo.rewards.calling import compute_rewards, reward_func_names
 from rloo.rewards.resolve import resolve_reward
 from rloo.rewards.reward_model import RewardModelScorer, reward_model
+from rloo.rewards.signatures import check_reward_arguments
 
 
 def chat(text: str) -> list[dict[str, str]]:
@@ -265,6 +266,7 @@ def test_every_builtin_resolves_with_a_meaningful_name() -> None:
         "string_match": "string_match",
         "format": "format",
         "think_answer_format": "think_answer_format",
+        "think_format": "think_format",
         "length": "length",
         "code_execution": "code_execution",
     }
@@ -335,7 +337,7 @@ def test_resolve_reward_model_folder(reward_model_dir: Path, tmp_path: Path) -> 
 def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
     with pytest.raises(ValueError, match=r"unknown reward `acuracy`; did you mean `accuracy`\?") as info:
         resolve_reward("acuracy")
-    builtins = "accuracy, exact_match, string_match, format, think_answer_format, length, code_execution, reward_model"
+    builtins = "accuracy, exact_match, string_match, format, think_answer_format, think_format, length, code_execution, reward_model"
     assert builtins in str(info.value)
     with pytest.raises(ValueError, match=r"unknown reward `zzz`\. Built-in rewards"):
         resolve_reward("zzz")
@@ -357,3 +359,32 @@ def test_a_reward_module_in_the_current_folder_is_importable(tmp_path: Path, mon
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert resolve_reward("cwd_reward_mod:score")(completions=["a", "b"]) == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------- TRL's reward names
+
+
+def test_trl_reward_imports_work_from_rloo_rewards() -> None:
+    from rloo.rewards import accuracy_reward as exported_accuracy
+    from rloo.rewards import think_format_reward
+
+    # TRL's examples: completions as conversations, the gold in a `solution` column
+    completions = [[{"role": "assistant", "content": "so \\boxed{12}"}], [{"role": "assistant", "content": "13"}]]
+    assert exported_accuracy(completions, solution=["$12$", "12"]) == [1.0, 0.0]
+    assert exported_accuracy(["7"], answer=["7"], solution=["8"]) == [1.0]  # answer wins when both exist
+    with pytest.raises(ValueError, match="needs an `answer` \\(or TRL's `solution`\\) column"):
+        exported_accuracy(["7"])
+    # TRL's docstring example
+    texts = ["<think>\nThis is my reasoning.\n</think>\nThis is my answer.", "<think>\nThis is my reasoning.\nanswer."]
+    assert think_format_reward([[{"content": t}] for t in texts]) == [1.0, 0.0]
+    assert think_format_reward(["<think>a</think><think>b</think>"]) == [0.0]
+
+
+def test_a_reward_needing_one_of_two_columns_is_checked_when_the_trainer_is_built() -> None:
+    funcs = [resolve_reward("accuracy")]
+    check_reward_arguments(funcs, ["accuracy"], ["prompt", "solution"])
+    check_reward_arguments(funcs, ["accuracy"], ["prompt", "answer"])
+    with pytest.raises(ValueError, match="requires argument\\(s\\) answer or solution"):
+        check_reward_arguments(funcs, ["accuracy"], ["prompt"])
+    with pytest.raises(ValueError, match="requires argument\\(s\\) answer"):  # a wrapped builtin keeps its signature
+        check_reward_arguments([resolve_reward("exact_match")], ["exact_match"], ["prompt"])

@@ -1,3 +1,8 @@
 """Scores: built-in reward functions, reward models, running completions' code in a sandbox,
 calling and checking reward functions, and the one resolver that turns names, paths and
 callables into reward functions."""
+
+from rloo.rewards.builtins import accuracy_reward, think_format_reward
+
+# TRL's rloo example imports these from trl.rewards; `from rloo.rewards import ...` works the same
+__all__ = ["accuracy_reward", "think_format_reward"]

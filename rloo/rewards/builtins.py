@@ -25,6 +25,7 @@ is built (:func:`rloo.rewards.reward_model.reward_model`).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -161,16 +162,27 @@ def _gold_number(value: Any) -> float | None:
     return extract_final_number(str(value))
 
 
-def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> Rewards:
-    """1.0 if the completion's final number equals the ``answer`` column's, else 0.0.
+def accuracy_reward(
+    completions: Sequence[Any],
+    answer: Sequence[Any] | None = None,
+    solution: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> Rewards:
+    """1.0 if the completion's final number equals the ``answer`` column's (or, as TRL's
+    ``accuracy_reward`` reads it, the ``solution`` column's), else 0.0.
 
     Both sides go through :func:`extract_final_number` (so ``#### 1,234``, ``\\boxed{7}``
     and ``7.0`` all work); a numeric ``answer`` is used as is. Equal means
     ``math.isclose(predicted, gold, rel_tol=1e-6)``. A completion with no number gets 0.0.
     An ``answer`` that is ``None``, empty or has no number gives ``None`` (does not apply).
+    Where TRL's differs: TRL parses LaTeX answers with ``math_verify`` (expressions, sets,
+    intervals); this one compares final numbers only, so a non-numeric solution does not apply.
     """
+    gold_column = answer if answer is not None else solution
+    if gold_column is None:
+        raise ValueError("accuracy_reward needs an `answer` (or TRL's `solution`) column in the dataset")
     rewards: Rewards = []
-    for completion, gold_value in zip(completions, answer, strict=True):
+    for completion, gold_value in zip(completions, gold_column, strict=True):
         gold = _gold_number(gold_value)
         if gold is None:
             rewards.append(None)
@@ -178,6 +190,9 @@ def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs:
         predicted = extract_final_number(completion_text(completion))
         rewards.append(float(predicted is not None and math.isclose(predicted, gold, rel_tol=1e-6)))
     return rewards
+
+
+accuracy_reward.required_columns = (("answer", "solution"),)  # type: ignore[attr-defined]  # checked at build
 
 
 # ---------------------------------------------------------------------------- string match
@@ -256,6 +271,16 @@ THINK_ANSWER_PATTERN = r"<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?a
 _THINK_ANSWER = re.compile(THINK_ANSWER_PATTERN, re.DOTALL)
 
 
+_THINK = re.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", re.DOTALL | re.MULTILINE)
+
+
+def think_format_reward(completions: Sequence[Any], **kwargs: Any) -> Rewards:
+    """TRL's ``think_format_reward``: 1.0 if the completion starts with ``<think>``, closes it
+    with ``</think>`` and opens no second one (``^<think>(?!.*<think>)(.*?)</think>.*$``,
+    ``re.DOTALL | re.MULTILINE``, matched at the start as TRL does), else 0.0."""
+    return [1.0 if _THINK.match(completion_text(c)) else 0.0 for c in completions]
+
+
 def think_answer_format_reward(completions: Sequence[Any], **kwargs: Any) -> Rewards:
     """1.0 if the stripped completion is ``<think>...</think>`` then ``<answer>...</answer>``
     (whitespace between them allowed, contents may span lines, no repeated or nested tags;
@@ -314,8 +339,10 @@ def _plain(func: Callable[..., Rewards], name: str) -> Callable[[], RewardFunc]:
         def reward(*args: Any, **kwargs: Any) -> Rewards:
             return func(*args, **kwargs)
 
+        # its signature and required_columns are func's (inspect.signature follows __wrapped__),
+        # so the columns it needs are checked when the trainer is built
+        functools.update_wrapper(reward, func)
         reward.__name__ = reward.__qualname__ = name
-        reward.__doc__ = func.__doc__
         return reward
 
     factory.__name__ = name
@@ -328,6 +355,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
     "string_match": string_match_reward,
     "format": format_reward,
     "think_answer_format": _plain(think_answer_format_reward, "think_answer_format"),
+    "think_format": _plain(think_format_reward, "think_format"),
     "length": length_reward,
     "code_execution": code_execution_reward,
     "reward_model": _reward_model,

@@ -3,7 +3,8 @@ argument; a tutorial's ``f(completions, prompts=None)`` gets only the ones it na
 
 Each function's signature is inspected once (cached per function object). A function that
 *requires* an argument nobody provides (not a standard argument, not a dataset column; or a
-column it lists in a ``required_columns`` attribute) is refused when the trainer is built,
+column it lists in a ``required_columns`` attribute, where a tuple means "one of these") is
+refused when the trainer is built,
 naming the function, the argument and the columns there are, instead of failing at the first
 step.
 """
@@ -65,8 +66,12 @@ def check_reward_arguments(funcs: Iterable[Any], names: Iterable[str], columns: 
                 f"reward function `{name}` takes {', '.join(positional)} positionally only (before `/`), but reward "
                 "functions are called with keyword arguments; drop the `/` from its signature"
             )
-        # a function reading a column through **kwargs can name it in `required_columns`
-        missing = sorted((required | set(getattr(func, "required_columns", ()))) - available)
+        # a function reading a column through **kwargs can name it in `required_columns`; a tuple
+        # there is a choice (any one of its columns will do)
+        listed = getattr(func, "required_columns", ())
+        choices = [" or ".join(c) for c in listed if isinstance(c, tuple) and not set(c) & available]
+        columns_listed = {c for c in listed if isinstance(c, str)}
+        missing = sorted((required | columns_listed) - available) + choices
         if missing:
             raise ValueError(
                 f"reward function `{name}` requires argument(s) {', '.join(missing)}, but the dataset has no such "
