@@ -120,6 +120,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"pad_to_multiple_of": 0}, "pad_to_multiple_of", 0, "must be >= 1"),
     ({"per_device_eval_batch_size": 0}, "per_device_eval_batch_size", 0, "must be >= 1"),
     ({"accelerator_config": {"even_batches": False}}, "accelerator_config", {"even_batches": False}, "drop even"),
+    ({"router_aux_loss_coef": -1.0}, "router_aux_loss_coef", -1.0, "must be >= 0"),
     ({"ref_model_mixup_alpha": -0.1}, "ref_model_mixup_alpha", -0.1, "must be in [0, 1]"),
     ({"ref_model_sync_steps": 0}, "ref_model_sync_steps", 0, "must be >= 1"),
     ({"sync_ref_model": True, "beta": 0.0}, "sync_ref_model", True, "set beta > 0"),

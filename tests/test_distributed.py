@@ -28,7 +28,7 @@ from tests.helpers.processes import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TIMING = re.compile(r"^(timing/.*|tokens_per_second)$")
+TIMING = re.compile(r"^(timing/.*|tokens_per_second|step_time)$")
 # float noise of a different summation order, amplified by Adam's first steps; a wrong
 # normalizer or a rank-local statistic moves parameters by ~1e-2 (learning rate 1e-2)
 PARAM_ATOL = 1e-4

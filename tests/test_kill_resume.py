@@ -43,7 +43,7 @@ POLL = 0.001  # seconds between looks at the output folder (a checkpoint write t
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 # logged values that depend on the clock, not on the run
-TIMING_KEYS = re.compile(r"^(timing/.*|tokens_per_second)$")
+TIMING_KEYS = re.compile(r"^(timing/.*|tokens_per_second|step_time)$")
 
 
 def write_run_file(tmp_path: Path) -> Path:

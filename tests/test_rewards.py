@@ -337,7 +337,10 @@ def test_resolve_reward_model_folder(reward_model_dir: Path, tmp_path: Path) -> 
 def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
     with pytest.raises(ValueError, match=r"unknown reward `acuracy`; did you mean `accuracy`\?") as info:
         resolve_reward("acuracy")
-    builtins = "accuracy, exact_match, string_match, format, think_answer_format, think_format, length, code_execution, reward_model"
+    builtins = (
+        "accuracy, exact_match, string_match, format, think_answer_format, think_format, length, code_execution, "
+        "reward_model"
+    )
     assert builtins in str(info.value)
     with pytest.raises(ValueError, match=r"unknown reward `zzz`\. Built-in rewards"):
         resolve_reward("zzz")

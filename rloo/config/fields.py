@@ -220,6 +220,12 @@ class RLOOFields:
         "A reward call that raises, times out or returns a bad result: 'raise' stops the run naming it; "
         "'skip' scores that batch 'does not apply' (rewards/<name>/failed).",
     )
+    router_aux_loss_coef: float = option(
+        0.001,
+        "Weight of a mixture-of-experts model's load-balancing loss added to the loss, >= 0 (logged as aux_loss); "
+        "no effect on other models; 0 turns it off.",
+        trl="router_aux_loss_coef",
+    )
     entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
     # --- optimization ---
     learning_rate: float = option(1e-6, "Peak learning rate, > 0 (1e-6 is typical for RL).", trl="learning_rate")

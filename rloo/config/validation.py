@@ -248,6 +248,8 @@ def _check_trl_inputs(config: RLOOConfig) -> None:
 
 
 def _check_reference_sync(config: RLOOConfig) -> None:
+    if config.router_aux_loss_coef < 0:
+        raise fail("router_aux_loss_coef", config.router_aux_loss_coef, "must be >= 0 (0 turns it off)")
     if not 0 <= config.ref_model_mixup_alpha <= 1:
         raise fail("ref_model_mixup_alpha", config.ref_model_mixup_alpha, "must be in [0, 1]")
     if config.ref_model_sync_steps < 1:

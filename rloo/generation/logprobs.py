@@ -73,6 +73,7 @@ class TokenLogprobs:
 
     logprobs: Tensor
     entropy: Tensor | None
+    aux_loss: Tensor | None = None  # a mixture-of-experts model's load-balancing loss, when asked for
 
 
 def completion_logprobs(
@@ -84,6 +85,7 @@ def completion_logprobs(
     temperature: float,
     with_entropy: bool = False,
     entropy_requires_grad: bool = False,
+    with_aux_loss: bool = False,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -91,6 +93,7 @@ def completion_logprobs(
     ``(N, Tc)`` right-padded (attention 1 on real tokens). Gradients flow unless the
     caller disables them. ``entropy`` (of the temperature-scaled distribution) carries a
     gradient only with ``entropy_requires_grad`` (for an entropy bonus); else it is a metric.
+    ``with_aux_loss``: ask a mixture-of-experts model for its router logits and return its ``aux_loss``.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -98,14 +101,15 @@ def completion_logprobs(
     # the positions that predict the completion tokens: asking for exactly these avoids
     # slicing (and a full-size zero-filled gradient for the slice) on the logits
     positions = torch.arange(length - tc - 1, length - 1, device=input_ids.device)
-    logits = model(
+    out = model(
         input_ids=input_ids,
         attention_mask=attention,
         position_ids=position_ids_from_mask(attention),
         logits_to_keep=positions,
         use_cache=False,
-    ).logits
-    logprobs, entropy = token_logprobs_and_entropy(
-        logits, completion_ids, temperature, with_entropy, entropy_requires_grad
+        **({"output_router_logits": True} if with_aux_loss else {}),
     )
-    return TokenLogprobs(logprobs, entropy)
+    logprobs, entropy = token_logprobs_and_entropy(
+        out.logits, completion_ids, temperature, with_entropy, entropy_requires_grad
+    )
+    return TokenLogprobs(logprobs, entropy, out.aux_loss if with_aux_loss else None)

@@ -100,6 +100,7 @@ class PassResult:
     clip: ClipFractions
     kl: float | None
     tokens: float  # the tokens its means are over: weights when passes (or processes) are combined
+    aux_loss: float | None = None  # a mixture-of-experts model's load-balancing loss (unscaled)
 
 
 def rows_per_pass(sequence_length: int, vocab_size: int, budget_mib: float, cap: int) -> int:

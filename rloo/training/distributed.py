@@ -208,18 +208,23 @@ def _device() -> torch.device:
 
 
 SUMMED_OVER_RANKS = ("loss",)  # each rank's loss is its share of the global loss
-TOKEN_MEANS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl")
+TOKEN_MEANS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl", "aux_loss")
 
 
 def reduce_step_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One optimizer step's metrics over ranks: ``loss`` summed; the per-token means weighted by
-    each rank's ``_tokens`` (so they equal one process's mean over all the tokens); every other
-    key averaged over the ranks that logged it (NaN ignored, as in a logging window)."""
+    each rank's ``_tokens`` (so they equal one process's mean over all the tokens); ``*_min`` /
+    ``*_max`` the extreme over ranks; every other key averaged over the ranks that logged it (NaN
+    ignored, as in a logging window)."""
     out: dict[str, float] = {}
     for key in dict.fromkeys(k for metrics in per_rank for k in metrics if k != "_tokens"):
         present = [(m[key], m.get("_tokens", 1.0)) for m in per_rank if key in m]
         if key in SUMMED_OVER_RANKS:
             out[key] = sum(v for v, _ in present)  # a NaN on any rank stays NaN: skipped everywhere
+            continue
+        if key.endswith(("_min", "_max")):  # the extreme over ranks (NaN ignored)
+            finite = [v for v, _ in present if not math.isnan(v)]
+            out[key] = (min if key.endswith("_min") else max)(finite) if finite else math.nan
             continue
         values = [(v, w if key in TOKEN_MEANS else 1.0) for v, w in present if not math.isnan(v)]
         weight = sum(w for _, w in values)

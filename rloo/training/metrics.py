@@ -120,7 +120,10 @@ def completion_metrics(lengths: Tensor, truncated: Tensor) -> dict[str, float]:
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(truncated.float().mean()),
+        # as TRL: 0 when no completion terminated
         "completions/mean_terminated_length": float(terminated.float().mean()) if terminated.numel() else 0.0,
+        "completions/min_terminated_length": float(terminated.min()) if terminated.numel() else 0.0,
+        "completions/max_terminated_length": float(terminated.max()) if terminated.numel() else 0.0,
     }
 
 
@@ -195,11 +198,16 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
         "entropy": mean([r.entropy for r in results]),
         "clip_ratio/low_mean": mean([r.clip.low for r in results]),
         "clip_ratio/high_mean": mean([r.clip.high for r in results]),
+        # this process's fractions; over processes the min and max (TRL's nanmin / nanmax of the gathered)
+        "clip_ratio/low_min": mean([r.clip.low for r in results]),
+        "clip_ratio/high_max": mean([r.clip.high for r in results]),
         "clip_ratio/region_mean": mean([r.clip.region for r in results]),
         "_tokens": total,
     }
     if all(r.kl is not None for r in results):
         metrics["kl"] = mean([r.kl for r in results if r.kl is not None])
+    if all(r.aux_loss is not None for r in results):
+        metrics["aux_loss"] = mean([r.aux_loss for r in results if r.aux_loss is not None])
     return metrics
 
 
@@ -230,6 +238,7 @@ def step_timing(metrics: dict[str, float], train_seconds: float, steps_per_gener
     seconds = generation_seconds + train_seconds * steps_per_generation
     return {
         "timing/train": train_seconds,
+        "step_time": train_seconds,  # TRL's name: the optimizer step's forward and backward passes
         "timing/step": train_seconds + generation_seconds / steps_per_generation,
         "tokens_per_second": metrics["completions/total_tokens"] / max(seconds, 1e-9),
     }

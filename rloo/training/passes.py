@@ -79,6 +79,7 @@ def pass_loss(
     *,
     temperature: float,
     entropy_coef: float,
+    aux_loss_coef: float = 0.0,
     **objective: Any,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
@@ -86,6 +87,9 @@ def pass_loss(
     ``objective`` holds the objective's scalars (ratio level, clip range, aggregation,
     whole-step totals, KL estimator and coefficient). Without stored old log-probs (the batch
     feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
+    ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
+    load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
+    adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
     """
     current = completion_logprobs(
         model,
@@ -96,6 +100,7 @@ def pass_loss(
         temperature,
         with_entropy=True,
         entropy_requires_grad=entropy_coef > 0,
+        with_aux_loss=aux_loss_coef > 0,
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None
@@ -110,4 +115,8 @@ def pass_loss(
     out = policy_objective(inputs, entropy_coef=entropy_coef, **objective)
     entropy_mask = rows.loss_mask if rows.loss_mask.sum() > 0 else rows.completion_mask
     entropy = float(masked_mean(current.entropy.detach().float(), entropy_mask))
-    return PassResult(out.loss, float(out.loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()))
+    loss, aux = out.loss, None
+    if current.aux_loss is not None:
+        aux = float(current.aux_loss.detach())
+        loss = loss + aux_loss_coef * current.aux_loss.float() * rows.advantages.shape[0] / objective["total_sequences"]
+    return PassResult(loss, float(loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()), aux)

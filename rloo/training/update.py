@@ -25,6 +25,13 @@ from rloo.training.optimization import zero_grads_if_none
 from rloo.training.passes import pass_loss
 
 
+def is_mixture_of_experts(model: Any) -> bool:
+    """A model whose config can ask for router logits (TRL's test for the load-balancing loss)."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    return getattr(text_config, "output_router_logits", None) is not None
+
+
 def compile_for_training(model: Any, args: RLOOConfig) -> Any:
     """``torch.compile(model, dynamic=True)`` for the training passes when ``args.torch_compile``
     (parameters are shared: the optimizer and gradients see the one model), else ``model``.
@@ -72,7 +79,10 @@ class Updater:
         self.accelerator, self.ranks, self.args = accelerator, ranks, args
         self.objective = objective
         self.forward_model = compile_for_training(model, args)
-        self.exact_skip = args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0
+        self.aux_loss_coef = args.router_aux_loss_coef if is_mixture_of_experts(model) else 0.0
+        self.exact_skip = (
+            args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0 and not self.aux_loss_coef
+        )
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
 
     def step(self, batch: TrainBatch, step_rows: list[Tensor], max_rows: int, global_step: int) -> StepOutcome:
@@ -90,6 +100,7 @@ class Updater:
                     take_rows(batch, rows),
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
+                    aux_loss_coef=self.aux_loss_coef,
                     total_tokens=tokens,
                     total_sequences=sequences,
                     **self.objective,
