@@ -1,0 +1,97 @@
+"""Metrics TRL documents for RLOO, logged under TRL's names: terminated lengths, clip-ratio
+extremes, step_time and a mixture-of-experts model's aux_loss (offline, CPU, tiny models)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from rloo import RLOOTrainer
+from rloo.training.distributed import reduce_step_metrics
+from rloo.training.metrics import completion_metrics
+from rloo.training.update import is_mixture_of_experts
+from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_terminated_length_extremes_as_trl_logs_them() -> None:
+    lengths, truncated = torch.tensor([3, 8, 5, 8]), torch.tensor([False, True, False, True])
+    metrics = completion_metrics(lengths, truncated)
+    assert metrics["completions/min_terminated_length"] == 3.0
+    assert metrics["completions/max_terminated_length"] == 5.0
+    assert metrics["completions/mean_terminated_length"] == 4.0
+    none_ended = completion_metrics(torch.tensor([8, 8]), torch.tensor([True, True]))
+    assert none_ended["completions/min_terminated_length"] == none_ended["completions/max_terminated_length"] == 0.0
+
+
+def test_clip_ratio_extremes_are_taken_over_processes() -> None:
+    per_rank = [
+        {"clip_ratio/low_mean": 0.1, "clip_ratio/low_min": 0.1, "clip_ratio/high_max": 0.0, "_tokens": 10.0},
+        {"clip_ratio/low_mean": 0.3, "clip_ratio/low_min": 0.3, "clip_ratio/high_max": 0.2, "_tokens": 30.0},
+        {"clip_ratio/low_min": math.nan, "clip_ratio/high_max": math.nan, "_tokens": 0.0},
+    ]
+    out = reduce_step_metrics(per_rank)
+    assert out["clip_ratio/low_min"] == 0.1 and out["clip_ratio/high_max"] == 0.2
+    assert out["clip_ratio/low_mean"] == pytest.approx((0.1 * 10 + 0.3 * 30) / 40)
+
+
+def test_a_training_run_logs_trls_metric_names(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer()
+    trainer = RLOOTrainer(
+        make_model(tokenizer), frac7, args=config(tmp_path), train_dataset=dataset(), processing_class=tokenizer
+    )
+    trainer.train()
+    logged = trainer.state.log_history[-1]
+    for name in (
+        "step_time",
+        "completions/min_terminated_length",
+        "completions/max_terminated_length",
+        "clip_ratio/low_min",
+        "clip_ratio/high_max",
+    ):
+        assert name in logged, name
+    assert logged["step_time"] == logged["timing/train"]
+    assert "aux_loss" not in logged  # not a mixture-of-experts model
+
+
+def _moe_trainer(tmp_path: Path, **overrides: Any) -> RLOOTrainer:
+    tokenizer = make_tokenizer()
+    moe = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen3MoeForCausalLM(moe)
+    args = config(tmp_path, max_steps=1, **overrides)
+    return RLOOTrainer(model, frac7, args=args, train_dataset=dataset(), processing_class=tokenizer)
+
+
+def test_a_mixture_of_experts_model_adds_its_load_balancing_loss(tmp_path: Path) -> None:
+    without = _moe_trainer(tmp_path / "a", router_aux_loss_coef=0.0)
+    with_aux = _moe_trainer(tmp_path / "b", router_aux_loss_coef=0.5)
+    assert is_mixture_of_experts(with_aux.unwrapped_model) and with_aux.updater.aux_loss_coef == 0.5
+    assert not with_aux.updater.exact_skip  # every row carries the aux loss: none may skip its backward
+    without.train()
+    with_aux.train()
+    plain, moe = without.state.log_history[-1], with_aux.state.log_history[-1]
+    assert "aux_loss" not in plain and moe["aux_loss"] > 0
+    # the same samples (same seed and weights): the losses differ by exactly coef x aux_loss
+    assert moe["loss"] - plain["loss"] == pytest.approx(0.5 * moe["aux_loss"], rel=1e-4)
