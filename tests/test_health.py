@@ -177,6 +177,7 @@ def train_and_read(run: RLOOTrainer) -> tuple[list[dict[str, Any]], str]:
     run.train()
     out = Path(run.args.output_dir)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "train_runtime" not in row]  # the end-of-training summary
     warnings = (out / "warnings.log").read_text() if (out / "warnings.log").exists() else ""
     return rows, warnings
 

@@ -39,11 +39,13 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS = 12
 KILLS = 15  # kills in a row before a run may complete
 ATTEMPT_TIMEOUT = 300.0  # seconds; one attempt takes about 7 s on 2 CPU cores
-POLL = 0.001  # seconds between looks at the output folder (a checkpoint write takes ~15 ms)
+POLL = 0.001  # seconds between looks at the output folder (a checkpoint write takes 5-15 ms)
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 # logged values that depend on the clock, not on the run
-TIMING_KEYS = re.compile(r"^(timing/.*|tokens_per_second|step_time)$")
+TIMING_KEYS = re.compile(
+    r"^(timing/.*|tokens_per_second|step_time|train_runtime|train_samples_per_second|train_steps_per_second)$"
+)
 
 
 def write_run_file(tmp_path: Path) -> Path:
@@ -111,8 +113,8 @@ def choose_plan(rng: random.Random, remaining: int, want_write: bool = False) ->
     kind = rng.choice(kinds)
     if kind == "startup":
         return Plan("startup", delay=rng.uniform(0.0, 8.0))
-    if kind == "write":  # kill within the ~15 ms the write takes (sometimes just after it)
-        return Plan("write", after=rng.randint(0, min(2, remaining - 1)), delay=rng.uniform(0.0, 0.008))
+    if kind == "write":  # kill within the write: ~5 ms on an idle machine, ~15 ms under load
+        return Plan("write", after=rng.randint(0, min(2, remaining - 1)), delay=rng.uniform(0.0, 0.003))
     # a step of this tiny run takes 30-500 ms, depending on what else holds the cores
     return Plan("step", after=rng.randint(0, min(1, remaining - 3)), delay=rng.uniform(0.0, 0.1))
 
@@ -296,7 +298,9 @@ def test_sigkill_at_random_moments_never_loses_or_corrupts_a_run(tmp_path: Path,
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"final weights differ from the uninterrupted run's: {different}"
     assert deterministic_metrics(killed) == deterministic_metrics(straight)
-    assert [row["step"] for row in deterministic_metrics(killed)] == list(range(1, MAX_STEPS + 1))
+    steps = [row["step"] for row in deterministic_metrics(killed) if "reward" in row]
+    assert steps == list(range(1, MAX_STEPS + 1))
+    assert "train_loss" in deterministic_metrics(killed)[-1]  # the summary: resumed, the same as uninterrupted
 
 
 # `rloo train` whose first deletion of a `checkpoint-<step>` folder (save_total_limit's rotation)

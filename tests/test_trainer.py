@@ -16,6 +16,7 @@ from tests.helpers.models import (
     config,
     dataset,
     frac7,
+    last_train_log,
     make_model,
     make_tokenizer,
     params,
@@ -64,7 +65,7 @@ def test_one_step_changes_parameters_and_logs_every_metric(tmp_path: Path) -> No
     t.train()
     after = params(t.unwrapped_model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    logged = t.state.log_history[-1]
+    logged = last_train_log(t)
     missing = [m for m in TRL_METRICS if m not in logged]
     assert not missing, missing
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -110,7 +111,7 @@ def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> No
     t._update = spy  # type: ignore[method-assign]
     t.train()
     assert seen and all(old is not None for old in seen)
-    clipped = [h["clip_ratio/region_mean"] for h in t.state.log_history]
+    clipped = [h["clip_ratio/region_mean"] for h in t.state.log_history if "reward" in h]
     # the first pass over a batch has ratio 1; the second one moves and gets clipped
     assert max(clipped) > 0
 
@@ -141,7 +142,7 @@ def test_none_rewards_are_ignored(tmp_path: Path) -> None:
 
     t = trainer(tmp_path, reward_funcs=[half_none, frac7], reward_weights=[1.0, 0.0], max_steps=1)
     t.train()
-    logs = t.state.log_history[-1]
+    logs = last_train_log(t)
     assert logs["rewards/half_none/mean"] == 1.0
     assert logs["rewards/unscorable"] == 0.0  # frac7 still applies to every row
 
@@ -150,7 +151,7 @@ def test_none_rewards_are_ignored(tmp_path: Path) -> None:
 
     t = trainer(tmp_path / "b", reward_funcs=all_none, max_steps=1)
     t.train()
-    assert t.state.log_history[-1]["rewards/unscorable"] == 2.0
+    assert last_train_log(t)["rewards/unscorable"] == 2.0
 
 
 def test_model_and_tokenizer_from_local_folder_without_pad_token(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_reward_model_as_reward(tmp_path: Path) -> None:
     tok.save_pretrained(tmp_path / "rm")
     t = trainer(tmp_path, reward_funcs=[str(tmp_path / "rm")], max_steps=1)
     t.train()
-    assert "rewards/rm/mean" in t.state.log_history[-1]
+    assert "rewards/rm/mean" in last_train_log(t)
 
 
 def test_lora_trains_only_adapters_and_reference_is_the_base(tmp_path: Path) -> None:
@@ -243,7 +244,7 @@ def test_long_prompts_are_truncated_from_the_left_and_counted(tmp_path: Path) ->
     data = [{"prompt": "1" * 30 + f"{a}="} for a in range(8)]
     t = trainer(tmp_path, data=data, max_prompt_length=5, max_steps=1)
     t.train()
-    assert t.state.log_history[-1]["prompts/truncated"] == 2.0
+    assert last_train_log(t)["prompts/truncated"] == 2.0
 
 
 def test_mask_truncated_completions_removes_their_loss(tmp_path: Path) -> None:
@@ -315,7 +316,7 @@ def test_kl_in_the_loss_and_entropy_bonus_train(tmp_path: Path) -> None:
     t = trainer(tmp_path, preset="grpo", beta=0.1, entropy_coef=0.01, max_steps=2)
     assert t.spec.kl_placement == "loss" and t.spec.ratio_level == "token"
     t.train()
-    logs = t.state.log_history[-1]
+    logs = last_train_log(t)
     assert logs["kl"] >= 0.0  # k3 is non-negative
     assert torch.isfinite(torch.tensor(logs["loss"]))
 
@@ -357,7 +358,7 @@ def test_callbacks_see_steps_logs_and_saves(tmp_path: Path) -> None:
         processing_class=tok,
         callbacks=[Recorder()],
     ).train()
-    assert events == ["begin", "step1", "log", "step2", "log", "save:checkpoint-2", "end"]
+    assert events == ["begin", "step1", "log", "step2", "log", "save:checkpoint-2", "log", "end"]  # log: summary
 
 
 def test_a_finished_run_without_checkpoints_is_never_overwritten(tmp_path: Path) -> None:
@@ -377,7 +378,7 @@ def test_overwrite_output_dir_replaces_a_run_and_keeps_its_logs(tmp_path: Path) 
     trainer(tmp_path, max_steps=1, overwrite_output_dir=True).train()
     kept = list((tmp_path / "run").glob("metrics.before-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == first
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2  # step 1 and the summary
 
 
 def test_prompts_past_the_models_positions_are_warned_about(tmp_path: Path) -> None:
@@ -388,7 +389,7 @@ def test_prompts_past_the_models_positions_are_warned_about(tmp_path: Path) -> N
     t.train()
     log = (tmp_path / "run" / "warnings.log").read_text()
     assert "past the model's max_position_embeddings (8)" in log and "lower max_prompt_length" in log
-    assert t.state.log_history[-1]["prompts/max_length"] == 4.0  # "1+2=": 4 characters
+    assert last_train_log(t)["prompts/max_length"] == 4.0  # "1+2=": 4 characters
 
 
 def test_reward_error_policy_skip_keeps_training_and_counts(tmp_path: Path) -> None:
@@ -397,7 +398,7 @@ def test_reward_error_policy_skip_keeps_training_and_counts(tmp_path: Path) -> N
 
     t = trainer(tmp_path, reward_funcs=[frac7, sometimes_broken], reward_error_policy="skip", max_steps=2)
     t.train()
-    assert [row["rewards/sometimes_broken/failed"] for row in t.state.log_history] == [8.0, 8.0]
+    assert [row["rewards/sometimes_broken/failed"] for row in t.state.log_history if "reward" in row] == [8.0, 8.0]
     assert "`sometimes_broken` failed or timed out" in (tmp_path / "run" / "warnings.log").read_text()
     with pytest.raises(RuntimeError, match="`sometimes_broken` failed on a batch of 8 completions: ConnectionError"):
         trainer(tmp_path / "raise", reward_funcs=[frac7, sometimes_broken], max_steps=1).train()

@@ -3,6 +3,7 @@ extremes, step_time and a mixture-of-experts model's aux_loss (offline, CPU, tin
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers.trainer_utils import TrainOutput
 
 from rloo import RLOOTrainer
 from rloo.training.distributed import reduce_step_metrics
 from rloo.training.metrics import completion_metrics
 from rloo.training.update import is_mixture_of_experts
-from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+from tests.helpers.models import config, dataset, frac7, last_train_log, make_model, make_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,7 +49,7 @@ def test_a_training_run_logs_trls_metric_names(tmp_path: Path) -> None:
         make_model(tokenizer), frac7, args=config(tmp_path), train_dataset=dataset(), processing_class=tokenizer
     )
     trainer.train()
-    logged = trainer.state.log_history[-1]
+    logged = last_train_log(trainer)
     for name in (
         "step_time",
         "completions/min_terminated_length",
@@ -91,7 +93,23 @@ def test_a_mixture_of_experts_model_adds_its_load_balancing_loss(tmp_path: Path)
     assert not with_aux.updater.exact_skip  # every row carries the aux loss: none may skip its backward
     without.train()
     with_aux.train()
-    plain, moe = without.state.log_history[-1], with_aux.state.log_history[-1]
+    plain, moe = last_train_log(without), last_train_log(with_aux)
     assert "aux_loss" not in plain and moe["aux_loss"] > 0
     # the same samples (same seed and weights): the losses differ by exactly coef x aux_loss
     assert moe["loss"] - plain["loss"] == pytest.approx(0.5 * moe["aux_loss"], rel=1e-4)
+
+
+def test_train_returns_transformers_train_output_and_logs_the_summary_last(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer()
+    args = config(tmp_path, max_steps=3, logging_steps=1)
+    trainer = RLOOTrainer(make_model(tokenizer), frac7, args=args, train_dataset=dataset(), processing_class=tokenizer)
+    output = trainer.train()
+    assert isinstance(output, TrainOutput) and output.global_step == 3
+    summary = trainer.state.log_history[-1]
+    assert summary == {"step": 3.0, "epoch": summary["epoch"], **output.metrics}
+    assert {"train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second"} <= set(summary)
+    step_losses = [row["loss"] for row in trainer.state.log_history if "reward" in row]  # one log a step
+    assert output.training_loss == summary["train_loss"] == pytest.approx(sum(step_losses) / 3)
+    assert summary["train_samples_per_second"] == pytest.approx(summary["train_steps_per_second"] * 8)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train_loss"] == output.training_loss  # in metrics.jsonl too

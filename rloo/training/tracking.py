@@ -25,6 +25,7 @@ class TrainerState:
     epoch: float = 0.0
     num_input_tokens_seen: int = 0
     num_groups_seen: int = 0
+    total_loss: float = 0.0  # the sum of every step's loss: train_loss is its mean, resumed runs included
     log_history: list[dict[str, float]] = field(default_factory=list)
     health: dict[str, Any] = field(default_factory=dict)  # what the health monitors remember
 
@@ -34,6 +35,19 @@ class TrainerState:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainerState:
         return cls(**values)
+
+
+def train_summary(state: TrainerState, runtime: float, steps: int, completions_per_step: int) -> dict[str, float]:
+    """The end-of-training entry transformers' Trainer logs: ``train_loss`` (the mean loss of every
+    step, resumed runs included), and over this call's ``steps`` and ``runtime`` seconds
+    ``train_runtime``, ``train_samples_per_second`` (completions, every process's) and
+    ``train_steps_per_second``."""
+    return {
+        "train_runtime": runtime,
+        "train_samples_per_second": steps * completions_per_step / max(runtime, 1e-9),
+        "train_steps_per_second": steps / max(runtime, 1e-9),
+        "train_loss": state.total_loss / max(state.global_step, 1),
+    }
 
 
 def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:

@@ -28,6 +28,7 @@ from accelerate.utils import set_seed
 from rich.console import Console
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import reward_funcs_or_reward_model
@@ -68,6 +69,7 @@ from rloo.training.tracking import (
     mean_metrics,
     run_callbacks,
     run_summary,
+    train_summary,
 )
 from rloo.training.update import Updater
 
@@ -158,8 +160,10 @@ class RLOOTrainer:
         return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------ the loop
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainerState:
-        """Train until ``max_steps``; ``resume_from_checkpoint``: True (latest) or a folder."""
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
+        """Train until ``max_steps``; ``resume_from_checkpoint``: True (latest) or a folder. Returns
+        transformers' ``TrainOutput`` (``global_step``, ``training_loss``, ``metrics``); the metrics
+        are also the last ``log_history`` entry, as transformers' Trainer writes them."""
         args, ranks = self.args, self.ranks  # files are read and written by the main process only
         resume_path = ranks.on_main(
             lambda: open_run(self.output_dir, resume_from_checkpoint, args.to_dict(), ranks.world_size, self.console)
@@ -172,6 +176,7 @@ class RLOOTrainer:
         self._announce()
         run_callbacks(self.callbacks, "on_train_begin", self)
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
+        start, first_step = time.perf_counter(), self.state.global_step
         try:
             with self._stop, self.progress:
                 while self.state.global_step < self.state.max_steps and not ranks.any(self._stop.requested):
@@ -179,9 +184,13 @@ class RLOOTrainer:
                     self._update(batch)  # phase 5
                     if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
                         self._save_checkpoint()
+            signum = next((s for s in ranks.gather_objects(self._stop.signum) if s is not None), None)
+            if signum is None:
+                steps = self.state.global_step - first_step
+                per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks.world_size
+                self._log(train_summary(self.state, time.perf_counter() - start, steps, per_step))
         finally:
             self.sink.close()
-        signum = next((s for s in ranks.gather_objects(self._stop.signum) if s is not None), None)
         if signum is not None:
             path = self._save_checkpoint()
             self.console.print(
@@ -191,7 +200,8 @@ class RLOOTrainer:
             raise TrainingInterrupted(signum, path)
         self.save_model(str(self.output_dir / "final"))
         run_callbacks(self.callbacks, "on_train_end", self)
-        return self.state
+        summary = self.state.log_history[-1]
+        return TrainOutput(self.state.global_step, summary["train_loss"], summary)
 
     def _announce(self) -> None:
         self.console.print(self.args.describe_algorithm())
@@ -253,6 +263,7 @@ class RLOOTrainer:
     def _finish_step(self, metrics: dict[str, float], step_start: float) -> None:
         args, state = self.args, self.state
         state.global_step += 1
+        state.total_loss += metrics["loss"]
         self.reference_sync.after_step(state.global_step)
         state.epoch = self.sampler.epochs_completed_float
         metrics.update(step_timing(metrics, time.perf_counter() - step_start, args.optimizer_steps_per_generation))

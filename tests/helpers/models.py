@@ -130,3 +130,8 @@ def frac7_stopping(completion_ids: list[list[int]], **kwargs: Any) -> list[float
     if at and os.environ.get("RANK", "0") == "0" and _calls["frac7_stopping"] == int(at):
         os.kill(os.getpid(), 15)
     return frac7(completion_ids)
+
+
+def last_train_log(trainer: RLOOTrainer) -> dict[str, float]:
+    """The last logged training metrics (``log_history[-1]`` is the end-of-training summary)."""
+    return [row for row in trainer.state.log_history if "reward" in row][-1]
