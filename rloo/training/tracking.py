@@ -1,9 +1,5 @@
-"""Where metrics go: the trainer state's history, ``metrics.jsonl``, optional sinks, callbacks.
-
-Callbacks are plain objects with any of these methods (all optional):
-``on_train_begin(trainer)``, ``on_step_end(trainer)``, ``on_log(trainer, logs)``,
-``on_save(trainer, path)``, ``on_train_end(trainer)``.
-"""
+"""Where metrics go: the trainer state's history, ``metrics.jsonl`` and optional sinks
+(callbacks: :mod:`rloo.training.callbacks`)."""
 
 from __future__ import annotations
 
@@ -126,13 +122,6 @@ def _wandb_run(output_dir: Path, run_config: dict[str, Any]) -> Any:
     # without credentials (e.g. no network) W&B runs offline and can be synced later
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     return wandb.init(dir=str(output_dir), config=run_config, mode=mode)
-
-
-def run_callbacks(callbacks: list[Any], event: str, *args: Any) -> None:
-    for callback in callbacks:
-        method = getattr(callback, event, None)
-        if method is not None:
-            method(*args)
 
 
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:

@@ -40,6 +40,7 @@ from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows
+from rloo.training.callbacks import Callbacks
 from rloo.training.checkpoints import rng_state
 from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
 from rloo.training.experience import ExperienceMaker
@@ -67,7 +68,6 @@ from rloo.training.tracking import (
     TrainerState,
     log_line,
     mean_metrics,
-    run_callbacks,
     run_summary,
     train_summary,
 )
@@ -131,7 +131,6 @@ class RLOOTrainer:
         self.rewards.to(device)
         self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)
-        self.callbacks = list(callbacks or [])
         self.output_dir = Path(args.output_dir)
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
@@ -154,6 +153,19 @@ class RLOOTrainer:
         )
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
+        self.callback_handler = Callbacks(list(callbacks or []), self)
+        self.callback_handler.fire("on_init_end")
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a ``TrainerCallback`` (class or instance) or a plain callback, as transformers' Trainer."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the callback (the first of a class given as a class)."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_handler.remove_callback(callback)
 
     @property
     def unwrapped_model(self) -> Any:
@@ -174,12 +186,12 @@ class RLOOTrainer:
         config_text = config_yaml(args.to_dict(), self.run_config)
         ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
         self._announce()
-        run_callbacks(self.callbacks, "on_train_begin", self)
+        self.callback_handler.fire("on_train_begin")
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         start, first_step = time.perf_counter(), self.state.global_step
         try:
             with self._stop, self.progress:
-                while self.state.global_step < self.state.max_steps and not ranks.any(self._stop.requested):
+                while self.state.global_step < self.state.max_steps and not self._stopping(self._stop.requested):
                     batch = self._generate_and_score()  # phases 1-4
                     self._update(batch)  # phase 5
                     if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
@@ -199,9 +211,13 @@ class RLOOTrainer:
             )
             raise TrainingInterrupted(signum, path)
         self.save_model(str(self.output_dir / "final"))
-        run_callbacks(self.callbacks, "on_train_end", self)
+        self.callback_handler.fire("on_train_end")
         summary = self.state.log_history[-1]
         return TrainOutput(self.state.global_step, summary["train_loss"], summary)
+
+    def _stopping(self, signalled: bool = False) -> bool:
+        """A signal (``signalled``) or a callback's ``control.should_training_stop`` on any process."""
+        return self.ranks.any(signalled or self.callback_handler.control.should_training_stop)
 
     def _announce(self) -> None:
         self.console.print(self.args.describe_algorithm())
@@ -246,8 +262,9 @@ class RLOOTrainer:
             for start in range(0, len(rows), accumulation):
                 # a stop request is honoured between generation batches (the loop in train()), so
                 # the checkpoint it writes resumes exactly
-                if self.state.global_step >= self.state.max_steps:
+                if self.state.global_step >= self.state.max_steps or self._stopping():
                     return
+                self.callback_handler.fire("on_step_begin")
                 step_start = time.perf_counter()
                 step_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
                 self._finish_step({**batch.metrics, **step_metrics}, step_start)
@@ -271,17 +288,21 @@ class RLOOTrainer:
         self._raise_alerts(self.health.observe_step(state.health, state.global_step, metrics), metrics)
         self._window.append(metrics)
         self.progress.update(state.global_step, metrics)
-        run_callbacks(self.callbacks, "on_step_end", self)
+        callbacks = self.callback_handler
+        callbacks.fire("on_step_end")  # a TrainerCallback's control flags add to the schedule
         first = args.logging_first_step and state.global_step == 1
-        if state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps or first:
+        log_due = state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps or first
+        if callbacks.requested("should_log") or log_due:
             self._log(mean_metrics(self._window))
             self._window = []
-        if args.eval_steps and self.eval_dataset is not None and state.global_step % args.eval_steps == 0:
+        evaluate_due = bool(args.eval_steps) and state.global_step % (args.eval_steps or 1) == 0
+        if self.eval_dataset is not None and (callbacks.requested("should_evaluate") or evaluate_due):
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
             self._log(logs)
-        if state.global_step % args.save_steps == 0:
+            callbacks.fire("on_evaluate", metrics=logs)
+        if state.global_step % args.save_steps == 0 or callbacks.requested("should_save"):
             self._checkpoint_due = True  # written once this generation batch is used up
 
     def _raise_alerts(self, alerts: list[Alert], metrics: dict[str, float]) -> None:
@@ -294,7 +315,7 @@ class RLOOTrainer:
         self.state.log_history.append(logs)
         self.sink.write(logs)
         self.console.print(log_line(self.state.global_step, self.state.max_steps, logs))
-        run_callbacks(self.callbacks, "on_log", self, logs)
+        self.callback_handler.fire("on_log", logs=logs)
 
     def warn(self, message: str) -> None:
         """Print a warning once and append it to ``output_dir/warnings.log`` (shown in the report)."""
@@ -318,7 +339,7 @@ class RLOOTrainer:
                 save_total_limit=self.args.save_total_limit,
             )
         )
-        run_callbacks(self.callbacks, "on_save", self, path)
+        self.callback_handler.fire("on_save", path=path)
         return path
 
     def _load_checkpoint(self, path: Path) -> None:

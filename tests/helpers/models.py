@@ -64,7 +64,10 @@ def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
     return RLOOConfig(**values)
 
 
-def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overrides: Any) -> RLOOTrainer:
+def trainer(
+    tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, callbacks_: Any = None, **overrides: Any
+) -> RLOOTrainer:
+    """A trainer of the tiny model on one-digit sums (``callbacks_``: the trainer's ``callbacks``)."""
     tok = make_tokenizer()
     return RLOOTrainer(
         model=make_model(tok),
@@ -72,6 +75,7 @@ def trainer(tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, **overr
         args=config(tmp_path, **overrides),
         train_dataset=data if data is not None else dataset(),
         processing_class=tok,
+        callbacks=callbacks_,
     )
 
 
