@@ -506,6 +506,18 @@ def test_evaluate_takes_a_dataset_the_trainer_was_built_without(tmp_path: Path) 
     with pytest.raises(ValueError, match="evaluate\\(\\) needs an eval_dataset"):
         trainer.evaluate()
     metrics = trainer.evaluate(eval_dataset=dataset(4))
-    assert set(metrics) == {"eval_reward", "eval_reward_std", "eval_unscorable"}
+    assert set(metrics) == {"eval_reward", "eval_reward_std", "eval_unscorable", "eval_rewards/frac7/mean"}
     with pytest.raises(ValueError, match="eval_dataset is an empty dict"):
         trainer.evaluate(eval_dataset={})
+
+
+def test_evaluation_logs_each_reward_functions_mean(tmp_path: Path) -> None:
+    def sometimes(completions: list[Any], **kwargs: Any) -> list[float | None]:
+        return [None if i % 2 else 1.0 for i in range(len(completions))]  # applies to half
+
+    trainer = make_trainer(tmp_path, reward_funcs=[frac7, sometimes], reward_weights=[1.0, 0.5])
+    metrics = trainer.evaluate(eval_dataset=dataset(4))
+    assert metrics["eval_rewards/sometimes/mean"] == 1.0  # over the completions it applies to
+    frac = metrics["eval_rewards/frac7/mean"]
+    # the weighted sum: frac7 on every completion, 0.5 x 1.0 on half of them
+    assert metrics["eval_reward"] == pytest.approx(frac + 0.25, abs=1e-6)

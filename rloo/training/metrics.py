@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,16 +212,24 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     return metrics
 
 
-def eval_metrics(rewards: Tensor, prefix: str = "eval") -> dict[str, float]:
-    """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, and how many were
-    unscorable; ``rewards: (N,)`` combined rewards, NaN where unscorable. ``prefix``: ``eval``, or
-    ``eval_<name>`` for a named eval set (as transformers names them)."""
+def eval_metrics(values: Tensor, names: Sequence[str] = (), prefix: str = "eval") -> dict[str, float]:
+    """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, how many were
+    unscorable, and each reward function's mean (``eval_rewards/<name>/mean``, over the completions
+    it applies to). ``values``: ``(N,)`` combined rewards, or ``(N, 1 + F)`` with each function's
+    scores after them, NaN where unscorable / not applicable. ``prefix``: ``eval``, or ``eval_<set>``
+    for a named eval set (as transformers names them)."""
+    values = values if values.dim() == 2 else values.unsqueeze(1)
+    rewards = values[:, 0]
     scored = rewards[~rewards.isnan()]
-    return {
+    metrics = {
         f"{prefix}_reward": float(scored.mean()) if scored.numel() else float("nan"),
         f"{prefix}_reward_std": _std(scored),
         f"{prefix}_unscorable": float(rewards.isnan().sum()),
     }
+    for column, name in enumerate(names, start=1):
+        applied = values[:, column][~values[:, column].isnan()]
+        metrics[f"{prefix}_rewards/{name}/mean"] = float(applied.mean()) if applied.numel() else float("nan")
+    return metrics
 
 
 def headline_eval_reward(logs: dict[str, float]) -> float:

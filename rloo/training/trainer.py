@@ -368,10 +368,11 @@ class RLOOTrainer:
             groups, seed = range(indices[0], indices[-1] + 1), eval_seed(self.args.seed)
             rows = [dataset[i] for i in indices]
             scored = self._scored_rollout(rows, groups, sampling_seed=seed, settings=settings)
-            return scored.rewards.rewards_or_nan().cpu()
+            combined = scored.rewards.rewards_or_nan().unsqueeze(1)
+            return torch.cat([combined, scored.rewards.scores.values.to(combined)], dim=1).cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
-        return eval_metrics(torch.cat(shares), metric_key_prefix)
+        return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix)
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
