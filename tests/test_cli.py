@@ -316,3 +316,30 @@ def test_user_mistakes_in_a_run_file_are_one_line(tmp_path: Path, files: dict[st
     missing = invoke("train", path, "dataset.path=nope/missing.jsonl")
     assert missing.exit_code == 2 and "prompt data path 'nope/missing.jsonl' does not exist" in flat(missing.stderr)
     assert "Traceback" not in missing.output
+
+
+# ---------------------------------------------------------------------------- --version, --print-config, help text
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"rloo {version('rloo')}"
+
+
+def test_print_config_prints_the_resolved_run_and_loads_nothing(tmp_path: Path, files: dict[str, Path]) -> None:
+    path = run_file(tmp_path, files)
+    result = invoke("train", str(path), "learning_rate=3e-4", "reward_clip_range=[-1,1]", "--print-config")
+    assert result.exit_code == 0, result.output
+    printed = yaml.safe_load(result.stdout)
+    assert printed["learning_rate"] == 3e-4 and printed["reward_clip_range"] == [-1, 1]
+    assert printed["model"] == str(files["model"]) and "beta" in printed  # every field, resolved
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("**/config.yaml"))  # nothing written
+
+
+def test_help_keeps_bracketed_defaults() -> None:
+    """rich read ``[default: ...]`` in a help string as markup and dropped it."""
+    def unboxed(text: str) -> str:  # the help panel's borders removed, lines joined
+        return flat(text.replace("│", " "))
+
+    assert "[default: runs/demo, or runs/demo-N if taken]" in unboxed(invoke("demo", "--help").stdout)
+    assert "[default: 1 each]" in unboxed(invoke("eval", "--help").stdout)

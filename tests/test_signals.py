@@ -58,7 +58,13 @@ def test_the_cli_exits_128_plus_the_signal_and_prints_the_resume_command(tmp_pat
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(run))
-    result = CliRunner().invoke(app, ["train", str(path)])
+    result = CliRunner().invoke(app, ["train", str(path), "reward_clip_range=[-5,5]"])  # brackets: not markup
     assert result.exit_code == 128 + signal.SIGHUP, result.output
-    assert f"Resume with: rloo train {path} --resume" in " ".join(result.stderr.split())
+    recorded = tmp_path / "run" / "config.yaml"  # the whole run, the override included
+    assert f"Resume with: rloo train {recorded} --resume" in " ".join(result.stderr.split())
     assert (tmp_path / "run" / "checkpoint-1" / "trainer_state.json").is_file()
+    assert yaml.safe_load(recorded.read_text())["reward_clip_range"] == [-5, 5]
+    # the printed command resumes (the reward signals again after one call: one more step, checkpointed)
+    again = CliRunner().invoke(app, ["train", str(recorded), "--resume"])
+    assert again.exit_code == 128 + signal.SIGHUP, again.output
+    assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()

@@ -24,8 +24,21 @@ errors = Console(stderr=True)
 _options = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"rloo {version('rloo')}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error."),
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print rloo's version and exit."
+    ),
+) -> None:
     """rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out."""
     _options["debug"] = debug
 
@@ -73,12 +86,20 @@ def train(
     resume_from: str = typer.Option(
         None, help="Continue from this checkpoint: a folder, or a checkpoint-<step> name in output_dir."
     ),
+    print_config: bool = typer.Option(
+        False, "--print-config", help="Print the resolved run file (every field) and exit; loads nothing."
+    ),
 ) -> None:
     """Train a model with RLOO as described by a YAML run file."""
     from rloo.cli.run_file import load_run_file
 
     with _one_line_errors():
         run_file = load_run_file(config, overrides or [])
+    if print_config:
+        import yaml
+
+        print(yaml.safe_dump(run_file.to_dict(), sort_keys=False), end="")  # plain: pipe it to a file
+        return
     from rloo.cli.run_file import train_from_run_file
     from rloo.training.checkpoints import latest_checkpoint
     from rloo.training.progress import TrainingInterrupted
@@ -93,17 +114,20 @@ def train(
         if latest_checkpoint(Path(run_file.config.output_dir)) is None:
             errors.print("stopped before any checkpoint was written: nothing to resume from", highlight=False)
         else:
-            command = f"rloo train {config} {' '.join(overrides or [])} --resume".rstrip()
-            errors.print(f"stopped. Resume with: {command}", highlight=False)
+            # config.yaml in the run folder records the whole run, overrides included
+            command = f"rloo train {Path(run_file.config.output_dir) / 'config.yaml'} --resume"
+            errors.print(f"stopped. Resume with: {escape(command)}", highlight=False)
         raise typer.Exit(code) from None
 
 
 @app.command("eval")
 def evaluate(
     model: str = typer.Option(..., help="Model folder, checkpoint folder or hub id."),
-    dataset: str = typer.Option(None, help="Dataset path or hub id with a `prompt` column [default: the run file's]."),
+    dataset: str = typer.Option(
+        None, help="Dataset path or hub id with a `prompt` column \\[default: the run file's]."
+    ),
     reward: list[str] = typer.Option(None, help="Reward: built-in name, module:function, or reward-model folder."),
-    reward_weight: list[float] = typer.Option(None, help="One weight per --reward [default: 1 each]."),
+    reward_weight: list[float] = typer.Option(None, help="One weight per --reward \\[default: 1 each]."),
     run_file: Path = typer.Option(
         None, help="A run file (e.g. RUN_DIR/config.yaml): its rewards, weights, dataset and lengths are the defaults."
     ),
@@ -195,7 +219,7 @@ def demo(
     num_layers: int = typer.Option(2, help="Model depth."),
     warm_start_steps: int = typer.Option(3000, help="Most supervised warm-start steps (it stops early at 40%)."),
     seed: int = typer.Option(0, help="Random seed."),
-    output_dir: str = typer.Option(None, help="Run folder [default: runs/demo, or runs/demo-N if taken]."),
+    output_dir: str = typer.Option(None, help="Run folder \\[default: runs/demo, or runs/demo-N if taken]."),
 ) -> None:
     """Offline demo: RLOO fixes a tiny model's imperfectly taught arithmetic (about 1.5 min on 2 CPU cores)."""
     import time

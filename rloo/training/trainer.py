@@ -26,6 +26,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from rich.console import Console
+from rich.markup import escape
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import TrainOutput
@@ -205,9 +206,10 @@ class RLOOTrainer:
             self.sink.close()
         if signum is not None:
             path = self._save_checkpoint()
+            resume = escape(f"rloo train {self.output_dir / 'config.yaml'} --resume")  # user text: no markup
             self.console.print(
-                f"interrupted at step {self.state.global_step}: checkpoint saved to {path}. Resume with "
-                "trainer.train(resume_from_checkpoint=True) or `rloo train CONFIG --resume`."
+                f"interrupted at step {self.state.global_step}: checkpoint saved to {escape(str(path))}. Resume "
+                f"with trainer.train(resume_from_checkpoint=True) or `{resume}`."
             )
             raise TrainingInterrupted(signum, path)
         self.save_model(str(self.output_dir / "final"))
