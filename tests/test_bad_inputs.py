@@ -287,7 +287,7 @@ TRAINER_CASES: list[tuple[str, Callable[[Path], dict[str, Any]], type[Exception]
         "eval-steps-without-eval-dataset",
         lambda tmp: {"args": config(tmp, eval_steps=5)},
         ValueError,
-        ["RLOOConfig.eval_steps=5 needs an eval_dataset", "or set eval_steps=None"],
+        ["RLOOConfig.eval_steps=5 needs an eval_dataset", "or turn evaluation off"],
     ),
     (
         "reward-requires-a-missing-column",

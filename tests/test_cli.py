@@ -338,6 +338,7 @@ def test_print_config_prints_the_resolved_run_and_loads_nothing(tmp_path: Path, 
 
 def test_help_keeps_bracketed_defaults() -> None:
     """rich read ``[default: ...]`` in a help string as markup and dropped it."""
+
     def unboxed(text: str) -> str:  # the help panel's borders removed, lines joined
         return flat(text.replace("│", " "))
 

@@ -65,7 +65,7 @@ class NanGradientsFrom:
 def test_non_finite_gradients_skip_the_step_then_stop_the_run(tmp_path: Path) -> None:
     # before: NaN gradients were applied (NaN weights) and training ran to the end with exit 0
     t = trainer(tmp_path, max_steps=10, save_steps=1, max_nonfinite_steps=3, logging_steps=1)
-    t.callbacks.append(NanGradientsFrom(step=2))
+    t.add_callback(NanGradientsFrom(step=2))
     with pytest.raises(
         NonFiniteTrainingError, match=r"stopped at step 5: the last 3 optimizer steps.*lower learning_rate"
     ):

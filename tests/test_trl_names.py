@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -348,3 +349,80 @@ def test_num_generations_eval_sets_the_completions_per_eval_prompt(tmp_path: Pat
     metrics = run.evaluate()
     assert batches == [2, 1]  # 2 prompts per eval batch (the training batch's), 1 completion each
     assert metrics["eval_unscorable"] == 0.0
+
+
+# ---------------------------------------------------------------------------- eval_strategy, save_strategy, run_name
+def _strategy_run(tmp_path: Path, **overrides: Any) -> Any:
+    from rloo import RLOOTrainer
+    from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    args = config(tmp_path, **overrides)
+    # 6 prompts, 2 a step: an epoch ends every 3 steps
+    return RLOOTrainer(
+        make_model(tokenizer),
+        frac7,
+        args=args,
+        train_dataset=dataset(6),
+        eval_dataset=dataset(2),
+        processing_class=tokenizer,
+    )
+
+
+def test_epoch_strategies_evaluate_and_checkpoint_after_each_pass(tmp_path: Path) -> None:
+    run = _strategy_run(tmp_path, max_steps=7, eval_strategy="epoch", save_strategy="epoch")
+    run.train()
+    assert [row["step"] for row in run.state.log_history if "eval_reward" in row] == [3.0, 6.0]
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+
+
+def test_no_strategies_never_evaluate_or_checkpoint(tmp_path: Path) -> None:
+    run = _strategy_run(tmp_path, max_steps=4, eval_steps=1, eval_strategy="no", save_steps=1, save_strategy="no")
+    run.train()
+    assert not [row for row in run.state.log_history if "eval_reward" in row]
+    assert not list((tmp_path / "run").glob("checkpoint-*")) and (tmp_path / "run" / "final").is_dir()
+
+
+def test_steps_strategies_follow_the_step_counts(tmp_path: Path) -> None:
+    run = _strategy_run(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2, save_steps=4)
+    run.train()
+    assert [row["step"] for row in run.state.log_history if "eval_reward" in row] == [2.0, 4.0]
+    assert [p.name for p in (tmp_path / "run").glob("checkpoint-*")] == ["checkpoint-4"]
+    assert RLOOConfig(eval_steps=5).evaluation_strategy == "steps" and RLOOConfig().evaluation_strategy == "no"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"eval_strategy": "often"}, "RLOOConfig.eval_strategy='often' is invalid: choose one of"),
+        ({"save_strategy": "best"}, "RLOOConfig.save_strategy='best' is invalid: choose one of"),
+        ({"eval_strategy": "steps"}, "set eval_steps"),
+    ],
+)
+def test_bad_strategies_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RLOOConfig(**kwargs)
+
+
+def test_an_epoch_evaluation_without_an_eval_dataset_is_refused(tmp_path: Path) -> None:
+    from rloo import RLOOTrainer
+    from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    with pytest.raises(ValueError, match=re.escape("RLOOConfig.eval_strategy='epoch' needs an eval_dataset")):
+        RLOOTrainer(
+            make_model(tokenizer),
+            frac7,
+            args=config(tmp_path, eval_strategy="epoch"),
+            train_dataset=dataset(),
+            processing_class=tokenizer,
+        )
+
+
+def test_run_name_is_printed_at_start_up(tmp_path: Path, capsys: Any) -> None:
+    run = _strategy_run(tmp_path, max_steps=1, run_name="my-experiment")
+    run.train()
+    assert "run my-experiment:" in capsys.readouterr().err
+    plain = _strategy_run(tmp_path / "b", max_steps=1)
+    plain.train()
+    assert "run run:" in capsys.readouterr().err  # output_dir's folder name

@@ -30,6 +30,9 @@ class RLOOFields:
     output_dir: str = option(
         "runs/rloo", "Run folder: checkpoint-STEP/, config.yaml, metrics.jsonl, the final model.", trl="output_dir"
     )
+    run_name: str | None = option(
+        None, "The run's name: printed at start-up and given to W&B; None = output_dir's folder name.", trl="run_name"
+    )
     overwrite_output_dir: bool = option(
         False,
         "Allow a fresh run into an output_dir holding an earlier run (its logs are kept renamed, the rest "
@@ -352,11 +355,23 @@ class RLOOFields:
         "boundary at or after each multiple, so every checkpoint resumes exactly.",
         trl="save_steps",
     )
+    save_strategy: str = option(
+        "steps",
+        "When to checkpoint: steps (every save_steps), epoch (after each pass over the prompts) or no (only "
+        "the final model).",
+        trl="save_strategy",
+    )
     save_total_limit: int | None = option(
         None, "Keep at most this many checkpoints, deleting the oldest, >= 1; None = keep all.", trl="save_total_limit"
     )
     eval_steps: int | None = option(
         None, "Evaluate on the eval_dataset every this many optimizer steps, >= 1; None = never.", trl="eval_steps"
+    )
+    eval_strategy: str | None = option(
+        None,
+        "When to evaluate: steps (every eval_steps), epoch (after each pass over the prompts) or no. None = steps "
+        "when eval_steps is set, else no (TRL: no).",
+        trl="eval_strategy",
     )
     num_generations_eval: int | None = option(
         None, "Completions per prompt in evaluation, >= 1; None = num_generations.", trl="num_generations_eval"

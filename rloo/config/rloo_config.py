@@ -142,6 +142,11 @@ class RLOOConfig(FrozenAfterInit, RLOOFields):
         return self.completions_per_generation // self.num_generations
 
     @property
+    def evaluation_strategy(self) -> str:
+        """``eval_strategy`` resolved: None is ``steps`` with ``eval_steps``, else ``no``."""
+        return self.eval_strategy or ("steps" if self.eval_steps is not None else "no")
+
+    @property
     def eval_prompts_per_batch(self) -> int:
         """Prompts per evaluation batch on one process: ``per_device_eval_batch_size`` completions in
         whole prompts (at least one), or a training generation batch's prompts."""

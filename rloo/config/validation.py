@@ -20,6 +20,7 @@ from rloo.suggest import did_you_mean
 if TYPE_CHECKING:
     from rloo.config.rloo_config import RLOOConfig
 
+STRATEGIES: tuple[str, ...] = ("steps", "epoch", "no")  # transformers' IntervalStrategy values
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
 REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")
 # transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
@@ -315,6 +316,11 @@ def _check_logging(config: RLOOConfig) -> None:
         raise fail("num_generations_eval", config.num_generations_eval, "must be >= 1, or None for num_generations")
     if config.eval_steps is not None and config.eval_steps < 1:
         raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
+    for name in ("eval_strategy", "save_strategy"):
+        if getattr(config, name) not in STRATEGIES + ((None,) if name == "eval_strategy" else ()):
+            raise fail(name, getattr(config, name), f"choose one of {list(STRATEGIES)}")
+    if config.eval_strategy == "steps" and config.eval_steps is None:
+        raise fail("eval_strategy", "steps", "set eval_steps (evaluate every this many steps), or use epoch")
     for sink in config.report_to:
         if sink not in REPORT_SINKS:
             raise fail("report_to", config.report_to, f"each entry must be one of {list(REPORT_SINKS)}")

@@ -59,16 +59,17 @@ EvalSets: TypeAlias = "datasets.Dataset | dict[str, datasets.Dataset]"
 
 
 def load_train_and_eval(
-    train_dataset: Any, eval_dataset: Any, eval_steps: int | None, prompt_only: bool = False
+    train_dataset: Any, eval_dataset: Any, evaluates: str | None, prompt_only: bool = False
 ) -> tuple[datasets.Dataset, EvalSets | None]:
-    """The trainer's datasets, checked: a train dataset is required, and ``eval_steps`` needs an
-    eval dataset (as in transformers). ``eval_dataset`` may be a dict of named sets (a
-    ``DatasetDict`` is one), as transformers takes it. ``prompt_only`` (``remove_unused_columns``)
-    keeps only the columns the model reads: the prompt and an ``image``/``images`` column."""
+    """The trainer's datasets, checked: a train dataset is required, and an evaluation schedule
+    (``evaluates``: e.g. ``eval_steps=10``) needs an eval dataset (as in transformers).
+    ``eval_dataset`` may be a dict of named sets (a ``DatasetDict`` is one), as transformers takes
+    it. ``prompt_only`` (``remove_unused_columns``) keeps only the columns the model reads: the
+    prompt and an ``image``/``images`` column."""
     if train_dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset, a list of dicts or a file path")
-    if eval_steps is not None and eval_dataset is None:
-        raise ValueError(f"RLOOConfig.eval_steps={eval_steps} needs an eval_dataset; pass one, or set eval_steps=None")
+    if evaluates is not None and eval_dataset is None:
+        raise ValueError(f"RLOOConfig.{evaluates} needs an eval_dataset; pass one, or turn evaluation off")
     train = load_prompt_dataset(train_dataset)
     evaluation = None if eval_dataset is None else load_eval_sets(eval_dataset)
     if not prompt_only:

@@ -121,7 +121,8 @@ def _wandb_run(output_dir: Path, run_config: dict[str, Any]) -> Any:
         raise ValueError("report_to includes 'wandb' but it is not installed: pip install wandb") from err
     # without credentials (e.g. no network) W&B runs offline and can be synced later
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-    return wandb.init(dir=str(output_dir), config=run_config, mode=mode)
+    name = run_config.get("run_name") or output_dir.name
+    return wandb.init(dir=str(output_dir), config=run_config, mode=mode, name=name)
 
 
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
@@ -130,8 +131,9 @@ def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: i
     prompts = f"{args.prompts_per_generation} prompts"
     if world_size > 1:
         prompts = f"{world_size} processes x {prompts} = {world_size * args.prompts_per_generation} prompts"
+    name = args.run_name or Path(args.output_dir).name
     return (
-        f"model: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
+        f"run {name}: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
         f"{prompts} x {args.num_generations} completions per generation"
     )
 

@@ -63,6 +63,7 @@ from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
+from rloo.training.schedule import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
@@ -102,7 +103,7 @@ class RLOOTrainer:
         self.ranks = Ranks.from_accelerator(self.accelerator)
         self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
         self.train_dataset, self.eval_dataset = load_train_and_eval(
-            train_dataset, eval_dataset, args.eval_steps, args.remove_unused_columns
+            train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
 
         policy, self.ref_model = prepare_policy(
@@ -284,6 +285,7 @@ class RLOOTrainer:
         state.global_step += 1
         state.total_loss += metrics["loss"]
         self.reference_sync.after_step(state.global_step)
+        epoch_ended = int(self.sampler.epochs_completed_float) > int(state.epoch)
         state.epoch = self.sampler.epochs_completed_float
         metrics.update(step_timing(metrics, time.perf_counter() - step_start, args.optimizer_steps_per_generation))
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
@@ -297,14 +299,14 @@ class RLOOTrainer:
         if callbacks.requested("should_log") or log_due:
             self._log(mean_metrics(self._window))
             self._window = []
-        evaluate_due = bool(args.eval_steps) and state.global_step % (args.eval_steps or 1) == 0
+        evaluate_due = evaluation_due(args, state.global_step, epoch_ended)
         if self.eval_dataset is not None and (callbacks.requested("should_evaluate") or evaluate_due):
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
-        if state.global_step % args.save_steps == 0 or callbacks.requested("should_save"):
+        if checkpoint_due(args, state.global_step, epoch_ended) or callbacks.requested("should_save"):
             self._checkpoint_due = True  # written once this generation batch is used up
 
     def _raise_alerts(self, alerts: list[Alert], metrics: dict[str, float]) -> None:
