@@ -161,7 +161,7 @@ def generate_and_score(
         trainer_state=trainer_state,
     )
     device = rollout.completion_ids.device
-    scored = CombinedRewards(scored.scores, scored.rewards.to(device), scored.scorable.to(device))
+    scored = CombinedRewards(scored.scores, scored.rewards.to(device), scored.scorable.to(device), scored.log)
     return ScoredRollout(
         rollout=rollout,
         prompts=list(prompts),

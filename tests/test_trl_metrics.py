@@ -113,3 +113,42 @@ def test_train_returns_transformers_train_output_and_logs_the_summary_last(tmp_p
     assert summary["train_samples_per_second"] == pytest.approx(summary["train_steps_per_second"] * 8)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["train_loss"] == output.training_loss  # in metrics.jsonl too
+
+
+def test_reward_functions_log_extra_columns_and_metrics_as_in_trl(tmp_path: Path) -> None:
+    def logging_reward(completions: list[str], log_extra: Any, log_metric: Any, **kwargs: Any) -> list[float]:
+        log_extra("length_class", ["long" if len(c) > 3 else "short" for c in completions])
+        log_metric("custom/mean_chars", sum(map(len, completions)) / len(completions))
+        log_metric("custom/mean_chars", 0.0)  # two values in one batch: their mean is logged
+        return [float(len(c)) for c in completions]
+
+    tokenizer = make_tokenizer()
+    args = config(tmp_path, max_steps=2, log_completions=True)
+    run = RLOOTrainer(
+        make_model(tokenizer), logging_reward, args=args, train_dataset=dataset(), processing_class=tokenizer
+    )
+    run.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert {row["length_class"] for row in rows} <= {"long", "short"} and len(rows) == 16
+    assert all((row["length_class"] == "long") == (len(row["completion"]) > 3) for row in rows)
+    logs = [row for row in run.state.log_history if "reward" in row]
+    for step_log, step in zip(logs, (1, 2), strict=True):
+        completions = [row["completion"] for row in rows if row["step"] == step - 1]
+        expected = (sum(map(len, completions)) / len(completions) + 0.0) / 2
+        assert step_log["custom/mean_chars"] == pytest.approx(expected)
+    from rloo.cli.report import build_report
+
+    page = build_report(tmp_path / "run").read_text()
+    assert "<th>length_class</th>" in page  # the report's samples show the column
+
+
+def test_log_extra_with_the_wrong_length_is_an_error_naming_it(tmp_path: Path) -> None:
+    def bad(completions: list[str], log_extra: Any, **kwargs: Any) -> list[float]:
+        log_extra("tag", ["x"])
+        return [0.0] * len(completions)
+
+    tokenizer = make_tokenizer()
+    args = config(tmp_path, max_steps=1, log_completions=True)
+    run = RLOOTrainer(make_model(tokenizer), bad, args=args, train_dataset=dataset(), processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"log_extra\('tag', ...\) got 1 values for 8 completions"):
+        run.train()

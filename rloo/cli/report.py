@@ -170,6 +170,9 @@ def _plots_section(images: list[tuple[str, str]], omitted: list[str]) -> str:
     return f'<section id="plots"><h2>Metrics over steps</h2><div class="grid">{figures}</div>{omitted_html}</section>'
 
 
+_SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
+
+
 def _samples_section(completions: list[dict[str, Any]]) -> str:
     head = '<section id="samples"><h2>Sample completions</h2>'
     if not completions:
@@ -177,13 +180,18 @@ def _samples_section(completions: list[dict[str, Any]]) -> str:
     picked = _pick_samples(completions, SAMPLE_ROWS)
     steps = sorted({int(row["step"]) for row in completions})
     caption = f"The best and worst rewards of steps {', '.join(map(str, steps))} ({len(picked)} of {len(completions)})."
+    # columns reward functions added with log_extra, after the standard ones
+    extra = list(dict.fromkeys(k for row in picked for k in row if k not in _SAMPLE_COLUMNS))
     cells = "".join(
         f"<tr><td>{int(row['step'])}</td><td>{_cell_text(row.get('prompt'))}</td>"
         f"<td>{_cell_text(row.get('completion'))}</td><td>{_fmt(row.get('reward'))}</td>"
-        f"<td>{_fmt(row.get('advantage'))}</td></tr>"
+        f"<td>{_fmt(row.get('advantage'))}</td>"
+        + "".join(f"<td>{_cell_text(row.get(k))}</td>" for k in extra)
+        + "</tr>"
         for row in picked
     )
-    header = "<tr><th>step</th><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th></tr>"
+    header = "<tr><th>step</th><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th>"
+    header += "".join(f"<th>{html.escape(k)}</th>" for k in extra) + "</tr>"
     return f'{head}<p>{caption}</p><table class="samples">{header}{cells}</table></section>'
 
 

@@ -27,7 +27,7 @@ import math
 import numbers
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -112,14 +112,17 @@ def compute_rewards(
     trainer_state: Any = None,
     names: Sequence[str] | None = None,
     policy: CallPolicy = CallPolicy(),
+    reward_log: RewardLog | None = None,
 ) -> RewardScores:
     """Call every reward function on the N completions and stack the results into ``(N, F)``.
 
     Sync functions run one after another, in order; then all async ones run concurrently.
     A failure (an exception, an unusable result, no result within ``policy.timeout``) raises
     :class:`RewardFunctionError` or, with ``policy.on_error == "skip"``, blanks that column.
+    Functions may take TRL's ``log_extra`` and ``log_metric`` (they write to ``reward_log``).
     """
     n = len(completions)
+    reward_log = reward_log if reward_log is not None else RewardLog()
     names = list(names) if names is not None else reward_func_names(funcs)
     _check_inputs(funcs, names, n, prompts, completion_ids, columns)
     kwargs = {
@@ -128,6 +131,8 @@ def compute_rewards(
         "completion_ids": completion_ids,
         **columns,
         "trainer_state": trainer_state,
+        "log_extra": reward_log.log_extra,
+        "log_metric": reward_log.log_metric,
     }
     results: dict[int, Any] = {}
     async_positions = [i for i, f in enumerate(funcs) if is_async_reward_func(f)]
@@ -301,6 +306,27 @@ def _as_float(value: Any, name: str, row: int) -> float:
     )
 
 
+@dataclass
+class RewardLog:
+    """What reward functions log through TRL's ``log_extra(column, values)`` (a column of the
+    completions table: one value per completion) and ``log_metric(name, value)`` (a scalar; the
+    step logs the mean of its values, over processes too)."""
+
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        self.extra.setdefault(str(column), []).extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise ValueError(f"log_metric({name!r}, {value!r}): the value must be a number")
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def metric_means(self) -> dict[str, float]:
+        return {name: sum(values) / len(values) for name, values in self.metrics.items()}
+
+
 @dataclass(frozen=True)
 class CombinedRewards:
     """The scores of N completions, combined with the reward weights.
@@ -313,6 +339,7 @@ class CombinedRewards:
     scores: RewardScores
     rewards: Tensor
     scorable: Tensor
+    log: RewardLog = field(default_factory=RewardLog)  # what the functions logged
 
     def rewards_or_nan(self) -> Tensor:
         """``(N,)`` combined rewards with NaN where no function applies."""
@@ -363,6 +390,7 @@ class RewardFunctions:
         trainer_state: Any = None,
     ) -> CombinedRewards:
         """Call every function on the N completions and combine their scores with the weights."""
+        reward_log = RewardLog()
         scores = compute_rewards(
             self.funcs,
             prompts=prompts,
@@ -372,9 +400,10 @@ class RewardFunctions:
             trainer_state=trainer_state,
             names=self.names,
             policy=self.policy,
+            reward_log=reward_log,
         )
         rewards, scorable = combine_rewards(scores.values, self.weights)
-        return CombinedRewards(scores, rewards, scorable)
+        return CombinedRewards(scores, rewards, scorable, reward_log)
 
 
 def as_completions(texts: list[str], conversational: bool) -> list[Any]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 # what every reward function may ask for, besides the dataset columns
-STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _cache: weakref.WeakKeyDictionary[Any, tuple[frozenset[str] | None, frozenset[str]]] = weakref.WeakKeyDictionary()
 

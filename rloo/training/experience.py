@@ -115,6 +115,11 @@ class ExperienceMaker:
         if per_token_kl is not None:
             kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
             metrics["kl"] = kl_sum / max(tokens, 1.0)
+        # reward functions' log_metric scalars: the mean over the processes that logged each (as TRL)
+        logged = [m for m in self.ranks.gather_objects(scored.rewards.log.metric_means()) if m]
+        for name in sorted({key for means in logged for key in means}):
+            values = [means[name] for means in logged if name in means]
+            metrics[name] = sum(values) / len(values)
         return metrics
 
     def max_rows(self, rollout: Rollout, cap: int | None = None) -> int:

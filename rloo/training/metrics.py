@@ -257,7 +257,13 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
     """One JSON-ready row per completion: step, prompt, completion, reward (None when
     unscorable), advantage."""
     rewards, scorable = scored.rewards.rewards, scored.rewards.scorable
-    k = len(scored.completion_texts) // len(scored.prompts)
+    k, n = len(scored.completion_texts) // len(scored.prompts), len(scored.completion_texts)
+    extra = scored.rewards.log.extra  # reward functions' log_extra columns
+    for column, values in extra.items():
+        if len(values) != n:
+            raise ValueError(
+                f"log_extra({column!r}, ...) got {len(values)} values for {n} completions; give one per completion"
+            )
     return [
         {
             "step": step,
@@ -265,6 +271,7 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
             "completion": text,
             "reward": float(rewards[i]) if bool(scorable[i]) else None,
             "advantage": float(advantages[i]),
+            **{column: values[i] for column, values in extra.items()},
         }
         for i, text in enumerate(scored.completion_texts)
     ]
