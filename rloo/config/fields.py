@@ -85,21 +85,11 @@ class RLOOFields:
         "True keeps only the prompt column (TRL's meaning): reward functions then get no other dataset column.",
         trl="remove_unused_columns",
     )
-    dataloader_num_workers: int = option(
-        0,
-        "Accepted for TRL scripts, and only 0: rloo reads prompts by index in the training process (no DataLoader).",
-        trl="dataloader_num_workers",
-    )
     pad_to_multiple_of: int | None = option(
         None,
         "Pad the prompt and completion token tensors to a multiple of this length, >= 1 (shapes tensor cores "
         "like); the padding is masked, so the math is unchanged. None = no extra padding.",
         trl="pad_to_multiple_of",
-    )
-    cache_implementation: str | None = option(
-        None,
-        "Accepted for TRL scripts: None or dynamic. rloo's sampler keeps its own preallocated KV cache.",
-        trl="cache_implementation",
     )
     generation_kwargs: Mapping[str, Any] | None = option(
         None,
@@ -290,12 +280,6 @@ class RLOOFields:
     fp16: bool = option(
         False, "fp16 autocast + gradient scaler on a CUDA GPU (else fp32, warned); not with bf16=True.", trl="fp16"
     )
-    accelerator_config: Mapping[str, Any] | None = option(
-        None,
-        "transformers' AcceleratorConfig, for TRL scripts: only values that match what rloo does are accepted "
-        "(it uses no accelerate data loader: every process draws the same prompt order and keeps its share).",
-        trl="accelerator_config",
-    )
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
     )
@@ -303,21 +287,6 @@ class RLOOFields:
         None,
         "Keyword arguments of the model's gradient_checkpointing_enable, over rloo's {use_reentrant: false}.",
         trl="gradient_checkpointing_kwargs",
-    )
-    torch_compile: bool = option(
-        False,
-        "Run the training passes through torch.compile(model, dynamic=True) (the first steps pay the "
-        "compilation; sampling and the reference stay eager). Set by torch_compile_backend or _mode too.",
-        trl="torch_compile",
-    )
-    torch_compile_backend: str | None = option(
-        None, "torch.compile backend (None = inductor); setting it turns torch_compile on.", trl="torch_compile_backend"
-    )
-    torch_compile_mode: str | None = option(
-        None,
-        "torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it "
-        "turns torch_compile on.",
-        trl="torch_compile_mode",
     )
     disable_dropout: bool = option(
         True, "Dropout off in the policy: sampling and training see one policy (TRL: False).", trl="disable_dropout"

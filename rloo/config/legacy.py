@@ -59,6 +59,7 @@ UNSUPPORTED: dict[str, str] = {
     "shared by its K samples); remove it",
     "transformers_continuous_batching_config": "rloo samples with its own KV-cached sampler; remove it",
     "use_transformers_paged": "rloo samples with its own KV-cached sampler; remove it",
+    "hub_token": "a token would be written to config.yaml; set HF_TOKEN or run `hf auth login` instead",
 }
 
 

@@ -29,12 +29,13 @@ from rloo.config.frozen import FrozenAfterInit
 from rloo.config.health import resolve_health_thresholds
 from rloo.config.legacy import accept_older_names
 from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
+from rloo.config.plumbing import PlumbingFields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.validation import fail, validate
 
 
 @dataclass
-class RLOOConfig(FrozenAfterInit, RLOOFields):
+class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
     """Configuration of an RLOO run. Invalid values raise ``ValueError`` naming the field.
 
     The fields and their documentation are in :class:`rloo.config.fields.RLOOFields`."""

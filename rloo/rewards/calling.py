@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from rloo.algo.advantages import combine_rewards
+from rloo.rewards.reward_log import RewardLog
 from rloo.rewards.signatures import arguments_for, check_reward_arguments
 
 RewardOutput = Sequence[float | None] | Tensor | np.ndarray
@@ -304,27 +305,6 @@ def _as_float(value: Any, name: str, row: int) -> float:
         f"reward function `{name}` returned {value!r} ({type(value).__name__}) at row {row}; "
         "expected a real number, or None where it does not apply"
     )
-
-
-@dataclass
-class RewardLog:
-    """What reward functions log through TRL's ``log_extra(column, values)`` (a column of the
-    completions table: one value per completion) and ``log_metric(name, value)`` (a scalar; the
-    step logs the mean of its values, over processes too)."""
-
-    extra: dict[str, list[Any]] = field(default_factory=dict)
-    metrics: dict[str, list[float]] = field(default_factory=dict)
-
-    def log_extra(self, column: str, values: Sequence[Any]) -> None:
-        self.extra.setdefault(str(column), []).extend(values)
-
-    def log_metric(self, name: str, value: float) -> None:
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise ValueError(f"log_metric({name!r}, {value!r}): the value must be a number")
-        self.metrics.setdefault(str(name), []).append(float(value))
-
-    def metric_means(self) -> dict[str, float]:
-        return {name: sum(values) / len(values) for name, values in self.metrics.items()}
 
 
 @dataclass(frozen=True)

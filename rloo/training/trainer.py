@@ -18,6 +18,7 @@ Departures from TRL are listed in :mod:`rloo.config.rloo_config` and :mod:`rloo.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -47,17 +48,9 @@ from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_s
 from rloo.training.experience import ExperienceMaker
 from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
-from rloo.training.metrics import (
-    eval_metrics,
-    headline_eval_reward,
-    step_timing,
-)
-from rloo.training.models import (
-    count_parameters,
-    load_tokenizer,
-    prepare_policy,
-    resolve_mixed_precision,
-)
+from rloo.training.hub import push_run
+from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
+from rloo.training.models import count_parameters, load_tokenizer, prepare_policy, resolve_mixed_precision
 from rloo.training.optimization import build_optimizer, total_steps
 from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
@@ -159,11 +152,10 @@ class RLOOTrainer:
         self.callback_handler.fire("on_init_end")
 
     def add_callback(self, callback: Any) -> None:
-        """Add a ``TrainerCallback`` (class or instance) or a plain callback, as transformers' Trainer."""
+        """A ``TrainerCallback`` (class or instance) or a plain callback, as transformers' Trainer takes it."""
         self.callback_handler.add_callback(callback)
 
     def pop_callback(self, callback: Any) -> Any:
-        """Remove and return the callback (the first of a class given as a class)."""
         return self.callback_handler.pop_callback(callback)
 
     def remove_callback(self, callback: Any) -> None:
@@ -214,6 +206,8 @@ class RLOOTrainer:
             )
             raise TrainingInterrupted(signum, path)
         self.save_model(str(self.output_dir / "final"))
+        if args.push_to_hub:
+            self.push_to_hub()
         self.callback_handler.fire("on_train_end")
         summary = self.state.log_history[-1]
         return TrainOutput(self.state.global_step, summary["train_loss"], summary)
@@ -377,6 +371,13 @@ class RLOOTrainer:
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
         return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix)
+
+    def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None, **_: Any) -> str:
+        """Save the model to ``output_dir/final`` with a model card and upload it to ``hub_model_id``
+        (the main process); returns the commit URL ("" on the other processes)."""
+        folder = self.save_model(str(self.output_dir / "final"))
+        push = functools.partial(push_run, folder, self.unwrapped_model, self.args, self.state.log_history)
+        return self.ranks.on_main(lambda: push(dataset_name, commit_message)) or ""
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""

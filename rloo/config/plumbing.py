@@ -1,0 +1,63 @@
+"""The ``RLOOConfig`` fields TRL and transformers scripts set that are about the run's plumbing
+rather than the algorithm: sharing on the hub, ``torch.compile``, and data-loader settings rloo
+accepts only where they describe what it does. :class:`rloo.config.rloo_config.RLOOConfig`
+combines them with :class:`rloo.config.fields.RLOOFields` (these come after them in the
+constructor and the README's table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rloo.config.fields import option
+
+
+@dataclass
+class PlumbingFields:
+    """Hub, compilation and data-loader fields of ``RLOOConfig``, with their documentation."""
+
+    dataloader_num_workers: int = option(
+        0,
+        "Accepted for TRL scripts, and only 0: rloo reads prompts by index in the training process (no DataLoader).",
+        trl="dataloader_num_workers",
+    )
+    cache_implementation: str | None = option(
+        None,
+        "Accepted for TRL scripts: None or dynamic. rloo's sampler keeps its own preallocated KV cache.",
+        trl="cache_implementation",
+    )
+    accelerator_config: Mapping[str, Any] | None = option(
+        None,
+        "transformers' AcceleratorConfig, for TRL scripts: only values that match what rloo does are accepted "
+        "(it uses no accelerate data loader: every process draws the same prompt order and keeps its share).",
+        trl="accelerator_config",
+    )
+    torch_compile: bool = option(
+        False,
+        "Run the training passes through torch.compile(model, dynamic=True) (the first steps pay the "
+        "compilation; sampling and the reference stay eager). Set by torch_compile_backend or _mode too.",
+        trl="torch_compile",
+    )
+    torch_compile_backend: str | None = option(
+        None, "torch.compile backend (None = inductor); setting it turns torch_compile on.", trl="torch_compile_backend"
+    )
+    torch_compile_mode: str | None = option(
+        None,
+        "torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it "
+        "turns torch_compile on.",
+        trl="torch_compile_mode",
+    )
+    push_to_hub: bool = option(
+        False,
+        "At the end of training, upload the final model with a model card to hub_model_id (or trainer.push_to_hub()); "
+        "the token comes from HF_TOKEN or `hf auth login`, never from config.yaml.",
+        trl="push_to_hub",
+    )
+    hub_model_id: str | None = option(
+        None, "The hub repo to push to, e.g. user/name; None = output_dir's folder name.", trl="hub_model_id"
+    )
+    hub_private_repo: bool | None = option(
+        None, "Create the hub repo private (None: the hub's default).", trl="hub_private_repo"
+    )
