@@ -344,3 +344,43 @@ def test_help_keeps_bracketed_defaults() -> None:
 
     assert "[default: runs/demo, or runs/demo-N if taken]" in unboxed(invoke("demo", "--help").stdout)
     assert "[default: 1 each]" in unboxed(invoke("eval", "--help").stdout)
+
+
+def test_eval_formats_prompts_as_training_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--as-chat / --system-prompt turn text prompts into conversations; --name reaches the hub loader."""
+    from rloo.cli.run_file import eval_inputs
+
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))
+    common: dict[str, Any] = {
+        "split": "train",
+        "columns": {"question": "prompt"},
+        "limit": None,
+        "rewards": ["accuracy"],
+        "weights": None,
+        "num_generations": 2,
+        "max_completion_length": 4,
+        "temperature": None,
+        "success_threshold": 1.0,
+        "batch_size": 4,
+        "seed": 0,
+    }
+    loaded, _, _ = eval_inputs(None, dataset=str(data), as_chat=True, system_prompt="Be brief.", **common)
+    assert loaded[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "0+0="},
+    ]
+    plain, _, _ = eval_inputs(None, dataset=str(data), **common)
+    assert plain[0]["prompt"] == "0+0="
+
+    asked: dict[str, Any] = {}
+
+    def hub(path: str, name: str | None = None, split: str | None = None, **kwargs: Any) -> Any:
+        import datasets
+
+        asked.update(path=path, name=name, split=split)
+        return datasets.Dataset.from_list([{"prompt": "1+1=", "answer": "2"}])
+
+    monkeypatch.setattr("datasets.load_dataset", hub)
+    eval_inputs(None, dataset="org/sums", name="main", **{**common, "columns": None})
+    assert asked == {"path": "org/sums", "name": "main", "split": "train"}

@@ -132,6 +132,11 @@ def evaluate(
         None, help="A run file (e.g. RUN_DIR/config.yaml): its rewards, weights, dataset and lengths are the defaults."
     ),
     split: str = typer.Option("test", help="Dataset split (without --run-file)."),
+    name: str = typer.Option(None, help="The hub dataset's configuration, e.g. main for openai/gsm8k."),
+    as_chat: bool = typer.Option(
+        None, "--as-chat/--as-text", help="Text prompts as a user message (rendered with the chat template)."
+    ),
+    system_prompt: str = typer.Option(None, help="A system message before each prompt (with --as-chat)."),
     column: list[str] = typer.Option(None, help="Column renames old=new, e.g. question=prompt."),
     num_generations: int = typer.Option(
         None, "--num-generations", "--num-samples", help="K samples per prompt for pass@K and the sampled mean [4]."
@@ -163,12 +168,15 @@ def evaluate(
             success_threshold=success_threshold,
             batch_size=batch_size,
             seed=seed,
+            name=name,
+            as_chat=as_chat,
+            system_prompt=system_prompt,
         )
         result = evaluate_model(model, data, rewards, settings)
     temperature, k = settings.temperature, settings.num_generations
     table = Table(title=f"{model} on {dataset or run_file} ({result['num_prompts']} prompts)")
-    for name in ("decoding", "mean reward", "accuracy"):
-        table.add_column(name, justify="right" if name != "decoding" else "left")
+    for heading in ("decoding", "mean reward", "accuracy"):
+        table.add_column(heading, justify="right" if heading != "decoding" else "left")
     table.add_row("greedy", f"{result['greedy_mean_reward']:.4f}", f"{result['greedy_accuracy']:.1%}")
     table.add_row(
         f"sampled (T={temperature})", f"{result['sampled_mean_reward']:.4f}", f"{result['sampled_accuracy']:.1%}"

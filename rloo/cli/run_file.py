@@ -274,10 +274,15 @@ def eval_inputs(
     success_threshold: float,
     batch_size: int,
     seed: int,
+    name: str | None = None,
+    as_chat: bool | None = None,
+    system_prompt: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """``(dataset, RewardFunctions, EvalSettings)`` for ``rloo eval``: a command-line value wins,
     then the run file's (its eval_dataset, else its dataset; its rewards with their weights;
-    its lengths and temperature), then the defaults."""
+    its lengths and temperature), then the defaults. ``name`` (a hub dataset's configuration),
+    ``as_chat`` and ``system_prompt`` format the prompts as training did; given, they override the
+    run file's dataset settings."""
     from rloo.cli.evaluate import EvalSettings
     from rloo.rewards.calling import RewardFunctions
     from rloo.rewards.resolve import resolve_rewards
@@ -285,10 +290,12 @@ def eval_inputs(
     if limit is not None and limit < 1:
         raise ValueError(f"--limit={limit} is invalid: it must be >= 1 (prompts evaluated)")
     run = load_run_file(run_file) if run_file is not None else None
+    given: dict[str, Any] = {"name": name, "as_chat": as_chat, "system_prompt": system_prompt}
+    formatting = {key: value for key, value in given.items() if value is not None}
     if dataset is not None:
-        source = DatasetSource(path=dataset, split=split, columns=columns, limit=limit)
+        source = DatasetSource(path=dataset, split=split, columns=columns, limit=limit, **formatting)
     elif run is not None:
-        source = run.eval_dataset or run.dataset
+        source = dataclasses.replace(run.eval_dataset or run.dataset, **formatting)
         source = source if limit is None else dataclasses.replace(source, limit=limit)
     else:
         raise ValueError("give --dataset, or --run-file with a dataset")
