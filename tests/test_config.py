@@ -129,6 +129,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"save_steps": 0}, "save_steps", 0, "must be >= 1"),
     ({"save_total_limit": 0}, "save_total_limit", 0, "or None to keep every checkpoint"),
     ({"eval_steps": 0}, "eval_steps", 0, "or None to skip evaluation"),
+    ({"load_best_model_at_end": True}, "load_best_model_at_end", True, "it needs evaluations"),
     ({"eval_strategy": "often"}, "eval_strategy", "often", "choose one of ['steps', 'epoch', 'no']"),
     ({"save_strategy": "best"}, "save_strategy", "best", "choose one of ['steps', 'epoch', 'no']"),
     ({"num_generations_eval": 0}, "num_generations_eval", 0, "or None for num_generations"),

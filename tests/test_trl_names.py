@@ -426,3 +426,58 @@ def test_run_name_is_printed_at_start_up(tmp_path: Path, capsys: Any) -> None:
     plain = _strategy_run(tmp_path / "b", max_steps=1)
     plain.train()
     assert "run run:" in capsys.readouterr().err  # output_dir's folder name
+
+
+# ---------------------------------------------------------------------------- load_best_model_at_end
+def test_load_best_model_at_end_restores_the_best_evaluated_weights(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from tests.helpers.models import params
+
+    rewards = iter([0.2, 0.9, 0.5])  # the eval metric at steps 1, 2, 3: step 2 is the best
+    run = _strategy_run(tmp_path, max_steps=3, eval_steps=1, load_best_model_at_end=True)
+    original = run.evaluate
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    def scripted(*args: Any, **kwargs: Any) -> dict[str, float]:
+        logs = original(*args, **kwargs)
+        snapshots[run.state.global_step] = params(run.unwrapped_model)
+        return {**logs, "eval_reward": next(rewards)}
+
+    run.evaluate = scripted  # type: ignore[method-assign]
+    run.train()
+    assert run.state.best_metric == 0.9 and run.state.best_global_step == 2
+    final = load_file(str(tmp_path / "run" / "final" / "model.safetensors"))
+    for name, value in snapshots[2].items():
+        torch.testing.assert_close(params(run.unwrapped_model)[name], value, rtol=0, atol=0)
+        if name in final:
+            torch.testing.assert_close(final[name], value, rtol=0, atol=0)
+    assert any(not torch.equal(snapshots[2][k], snapshots[3][k]) for k in snapshots[2])  # step 3 moved on
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if "best" in p.name) == ["best"]
+
+
+def test_greater_is_better_false_keeps_the_lowest(tmp_path: Path) -> None:
+    from rloo.training.best_model import BestModel, metric_name
+
+    args = RLOOConfig(
+        eval_steps=1, load_best_model_at_end=True, metric_for_best_model="loss_like", greater_is_better=False
+    )
+    assert metric_name(args) == "eval_loss_like"
+    best = BestModel(args, tmp_path)
+    state = type(
+        "State", (), {"best_metric": None, "best_global_step": None, "best_model_checkpoint": None, "global_step": 1}
+    )()
+    written: list[Path] = []
+
+    def write(path: Path) -> None:
+        path.mkdir()
+        written.append(path)
+
+    assert best.observe(state, {"eval_loss_like": 2.0}, write, lambda work: work())
+    assert not best.observe(state, {"eval_loss_like": 3.0}, write, lambda work: work())
+    assert best.observe(state, {"eval_loss_like": 1.0}, write, lambda work: work())
+    assert state.best_metric == 1.0 and (tmp_path / "best").is_dir() and not (tmp_path / "tmp-best").exists()
+    with pytest.raises(ValueError, match="metric_for_best_model reads 'eval_loss_like'"):
+        best.observe(state, {"eval_reward": 1.0}, write, lambda work: work())
+    with pytest.raises(ValueError, match="load_best_model_at_end=True is invalid: it needs evaluations"):
+        RLOOConfig(load_best_model_at_end=True)

@@ -342,6 +342,21 @@ class RLOOFields:
         "when eval_steps is set, else no (TRL: no).",
         trl="eval_strategy",
     )
+    load_best_model_at_end: bool = option(
+        False,
+        "Keep the weights of the best evaluation in output_dir/best and load them at the end (needs evaluation).",
+        trl="load_best_model_at_end",
+    )
+    metric_for_best_model: str | None = option(
+        None,
+        "The eval metric that picks the best model (eval_ prefix optional); None = eval_reward.",
+        trl="metric_for_best_model",
+    )
+    greater_is_better: bool | None = option(
+        None,
+        "Whether a larger metric_for_best_model is better; None = True unless its name has 'loss'.",
+        trl="greater_is_better",
+    )
     num_generations_eval: int | None = option(
         None, "Completions per prompt in evaluation, >= 1; None = num_generations.", trl="num_generations_eval"
     )

@@ -306,6 +306,17 @@ def _divisibility_fix(config: RLOOConfig) -> str:
     )
 
 
+def _check_schedules(config: RLOOConfig) -> None:
+    """eval_strategy / save_strategy and what depends on them."""
+    for name in ("eval_strategy", "save_strategy"):
+        if getattr(config, name) not in STRATEGIES + ((None,) if name == "eval_strategy" else ()):
+            raise fail(name, getattr(config, name), f"choose one of {list(STRATEGIES)}")
+    if config.load_best_model_at_end and config.evaluation_strategy == "no":
+        raise fail("load_best_model_at_end", True, "it needs evaluations: set eval_steps or eval_strategy='epoch'")
+    if config.eval_strategy == "steps" and config.eval_steps is None:
+        raise fail("eval_strategy", "steps", "set eval_steps (evaluate every this many steps), or use epoch")
+
+
 def _check_logging(config: RLOOConfig) -> None:
     for name in ("logging_steps", "save_steps"):
         if getattr(config, name) < 1:
@@ -316,11 +327,7 @@ def _check_logging(config: RLOOConfig) -> None:
         raise fail("num_generations_eval", config.num_generations_eval, "must be >= 1, or None for num_generations")
     if config.eval_steps is not None and config.eval_steps < 1:
         raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
-    for name in ("eval_strategy", "save_strategy"):
-        if getattr(config, name) not in STRATEGIES + ((None,) if name == "eval_strategy" else ()):
-            raise fail(name, getattr(config, name), f"choose one of {list(STRATEGIES)}")
-    if config.eval_strategy == "steps" and config.eval_steps is None:
-        raise fail("eval_strategy", "steps", "set eval_steps (evaluate every this many steps), or use epoch")
+    _check_schedules(config)
     for sink in config.report_to:
         if sink not in REPORT_SINKS:
             raise fail("report_to", config.report_to, f"each entry must be one of {list(REPORT_SINKS)}")

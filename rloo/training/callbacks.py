@@ -111,6 +111,9 @@ class Callbacks(CallbackHandler):
             log_history=state.log_history,
             is_local_process_zero=int(os.environ.get("LOCAL_RANK", "0")) == 0,
             is_world_process_zero=trainer.ranks.is_main,
+            best_metric=state.best_metric,
+            best_global_step=state.best_global_step,
+            best_model_checkpoint=state.best_model_checkpoint,
         )
 
     def requested(self, flag: str) -> bool:

@@ -22,6 +22,9 @@ class TrainerState:
     num_input_tokens_seen: int = 0
     num_groups_seen: int = 0
     total_loss: float = 0.0  # the sum of every step's loss: train_loss is its mean, resumed runs included
+    best_metric: float | None = None  # load_best_model_at_end: the best evaluation so far
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
     log_history: list[dict[str, float]] = field(default_factory=list)
     health: dict[str, Any] = field(default_factory=dict)  # what the health monitors remember
 

@@ -42,6 +42,7 @@ from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
 from rloo.training import checkpoints
 from rloo.training.batches import TrainBatch, micro_batch_rows
+from rloo.training.best_model import BestModel
 from rloo.training.callbacks import Callbacks
 from rloo.training.checkpoints import rng_state
 from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
@@ -148,6 +149,7 @@ class RLOOTrainer:
         )
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
+        self.best = BestModel(args, self.output_dir)
         self.callback_handler = Callbacks(list(callbacks or []), self)
         self.callback_handler.fire("on_init_end")
 
@@ -205,6 +207,8 @@ class RLOOTrainer:
                 f"with trainer.train(resume_from_checkpoint=True) or `{resume}`."
             )
             raise TrainingInterrupted(signum, path)
+        if self.best.restore(self.unwrapped_model, self.state):
+            self.console.print(f"loaded the best model: {self.best.metric}={self.state.best_metric:.4g}")
         self.save_model(str(self.output_dir / "final"))
         if args.push_to_hub:
             self.push_to_hub()
@@ -298,6 +302,7 @@ class RLOOTrainer:
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
+            self.best.observe(state, logs, self._write_model, self.ranks.on_main)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
         if checkpoint_due(args, state.global_step, epoch_ended) or callbacks.requested("should_save"):
@@ -383,10 +388,9 @@ class RLOOTrainer:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
         path = Path(output_dir or self.args.output_dir)
         require_finite_weights(self.unwrapped_model, str(path))
-
-        def save() -> None:
-            checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
-            checkpoints.save_pretrained_quietly(self.processing_class, path)
-
-        self.ranks.on_main(save)
+        self.ranks.on_main(lambda: self._write_model(path))
         return path
+
+    def _write_model(self, path: Path) -> None:
+        checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
+        checkpoints.save_pretrained_quietly(self.processing_class, path)
