@@ -68,3 +68,31 @@ def test_the_cli_exits_128_plus_the_signal_and_prints_the_resume_command(tmp_pat
     again = CliRunner().invoke(app, ["train", str(recorded), "--resume"])
     assert again.exit_code == 128 + signal.SIGHUP, again.output
     assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+def test_progress_prints_plain_lines_when_output_is_not_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    from rloo.training.progress import TrainingProgress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    progress = TrainingProgress(console, total=3, completed=0, interval=0.0)
+    with progress:
+        for step in (1, 2, 3):
+            progress.update(step, {"reward": 0.5 * step, "kl": 0.01, "tokens_per_second": 120.0})
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "step 1/3 last step: reward=0.500 kl=0.0100 tok/s=120",
+        "step 2/3 last step: reward=1.000 kl=0.0100 tok/s=120",
+        "step 3/3 last step: reward=1.500 kl=0.0100 tok/s=120",
+    ]
+    quiet = io.StringIO()
+    slow = TrainingProgress(Console(file=quiet, force_terminal=False, width=200), total=3, completed=0, interval=3600)
+    with slow:
+        for step in (1, 2, 3):
+            slow.update(step, {"reward": 1.0})
+    assert quiet.getvalue().splitlines() == ["step 3/3 last step: reward=1.000"]  # at most every interval, and the last
+    assert TrainingProgress(Console(file=io.StringIO(), force_terminal=True), 3, 0).plain is False

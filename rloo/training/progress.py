@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -14,9 +15,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class TrainingProgress:
-    """``step i/N [bar] ETA reward=.. kl=.. tok/s=..``, refreshed after every step."""
+    """``step i/N [bar] ETA last step: reward=.. kl=.. tok/s=..``, refreshed after every step.
 
-    def __init__(self, console: Console, total: int, completed: int) -> None:
+    The bar shows the last step's numbers (the log lines show means over ``logging_steps``; both
+    say which). When the console is not a terminal (output piped to ``tee``, a scheduler's log)
+    rich draws no live bar, so a plain ``step i/N last step: ...`` line is printed instead, at most
+    every ``interval`` seconds, and at the last step.
+    """
+
+    def __init__(self, console: Console, total: int, completed: int, interval: float = 30.0) -> None:
+        self.console, self.total, self.interval = console, total, interval
+        self.plain = not console.is_terminal
+        self._last_line = time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
@@ -29,11 +39,13 @@ class TrainingProgress:
         self._task = self._progress.add_task("train", total=total, completed=completed, stats="")
 
     def __enter__(self) -> TrainingProgress:
-        self._progress.start()
+        if not self.plain:
+            self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if not self.plain:
+            self._progress.stop()
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         parts = [f"reward={metrics['reward']:.3f}"] if "reward" in metrics else []
@@ -41,7 +53,14 @@ class TrainingProgress:
             parts.append(f"kl={metrics['kl']:.4f}")
         if "tokens_per_second" in metrics:
             parts.append(f"tok/s={metrics['tokens_per_second']:.0f}")
-        self._progress.update(self._task, completed=step, stats=" ".join(parts))
+        stats = "last step: " + " ".join(parts)
+        if not self.plain:
+            self._progress.update(self._task, completed=step, stats=stats)
+            return
+        now = time.monotonic()
+        if now - self._last_line >= self.interval or step == self.total:
+            self._last_line = now
+            self.console.print(f"step {step}/{self.total} {stats}", highlight=False)
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
