@@ -110,6 +110,7 @@ def generate_and_score(
     sampling_seed: int | None = None,
     trainer_state: Any = None,
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    all_done: Callable[[bool], bool] | None = None,
 ) -> ScoredRollout:
     """Sample ``settings.num_generations`` completions for each prompt and score them.
 
@@ -122,6 +123,7 @@ def generate_and_score(
             run on N processes samples what one process would).
         trainer_state: passed to reward functions as ``trainer_state``.
         autocast: a context for the sampling forward passes (mixed precision).
+        all_done: whether every process has finished decoding (lockstep generation, FSDP).
 
     The model samples in eval mode (no dropout) and is put back in the mode it was in.
     """
@@ -146,6 +148,7 @@ def generate_and_score(
                 generator=generator,
                 sampling_seed=sampling_seed,
                 stop=stop,
+                all_done=all_done,
             )
     finally:
         model.train(was_training)

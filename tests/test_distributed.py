@@ -6,91 +6,33 @@ Every test launches real processes: ``torchrun`` (one or two "nodes" rendezvousi
 
 from __future__ import annotations
 
-import json
-import re
-import socket
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import yaml
 from accelerate.utils import DistributedType
-from safetensors.torch import load_file
 
 from rloo.generation.sampling import completion_uniforms
-from rloo.tiny import save_tiny_model
-from rloo.training.distributed import SUPPORTED_ENGINES, Ranks, check_engine, reduce_step_metrics
+from rloo.training.distributed import Ranks, check_engine, reduce_step_metrics
 from tests.helpers.dist_runs import CASES, case_name
+from tests.helpers.launch import (
+    BIN,
+    REPO,
+    assert_ok,
+    assert_same_metrics,
+    free_port,
+    max_param_diff,
+    metrics,
+    python,
+    torchrun,
+    write_run_file,
+)
 from tests.helpers.processes import child_env
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-TIMING = re.compile(
-    r"^(timing/.*|tokens_per_second|step_time|train_runtime|train_samples_per_second|train_steps_per_second)$"
-)
 # float noise of a different summation order, amplified by Adam's first steps; a wrong
 # normalizer or a rank-local statistic moves parameters by ~1e-2 (learning rate 1e-2)
 PARAM_ATOL = 1e-4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def torchrun(
-    *args: str, nproc: int = 2, extra_env: dict[str, str] | None = None, **rdzv: Any
-) -> subprocess.CompletedProcess[str]:
-    launcher = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}"]
-    if rdzv:
-        launcher += [f"--{k}={v}" for k, v in rdzv.items()]
-    else:
-        launcher += ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    return subprocess.run(
-        [*launcher, *args], cwd=REPO, env=child_env(**(extra_env or {})), capture_output=True, text=True, timeout=300
-    )
-
-
-def python(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=child_env(**(extra_env or {})),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def assert_ok(result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-
-
-def max_param_diff(a: Path, b: Path) -> float:
-    x, y = load_file(str(a)), load_file(str(b))
-    assert x.keys() == y.keys()
-    return max(float((x[k] - y[k]).abs().max()) for k in x)
-
-
-def metrics(path: Path) -> list[dict[str, float]]:
-    rows = (
-        json.loads(path.read_text())
-        if path.suffix == ".json"
-        else [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    )
-    return [{k: v for k, v in row.items() if not TIMING.match(k)} for row in rows]
-
-
-def assert_same_metrics(a: list[dict[str, float]], b: list[dict[str, float]]) -> None:
-    assert len(a) == len(b)
-    for row_a, row_b in zip(a, b, strict=True):
-        assert row_a.keys() == row_b.keys()
-        for key in row_a:
-            assert row_a[key] == pytest.approx(row_b[key], rel=1e-5, abs=1e-6, nan_ok=True), key
 
 
 # ---------------------------------------------------------------------------- the pieces, one process
@@ -122,19 +64,10 @@ def test_a_completions_random_draws_do_not_depend_on_its_batch() -> None:
     assert not torch.equal(completion_uniforms(1, [4], 2, 6, torch.device("cpu")), alone)  # and the seed matters
 
 
-def test_sharded_engines_are_refused_with_what_to_use() -> None:
-    with pytest.raises(ValueError, match=r"FSDP, which rloo does not support yet.*examples/accelerate/ddp\.yaml"):
-        check_engine(DistributedType.FSDP)
-    check_engine(DistributedType.MULTI_GPU)
-
-
-def test_example_launch_files_parse() -> None:
-    folder = REPO / "examples" / "accelerate"
-    for config in folder.glob("*.yaml"):
-        values = yaml.safe_load(config.read_text())
-        assert DistributedType(values["distributed_type"]).name in SUPPORTED_ENGINES, config.name
-        assert values["num_processes"] >= values.get("num_machines", 1), config.name
-    assert subprocess.run(["bash", "-n", str(folder / "slurm.sbatch")]).returncode == 0
+def test_data_parallel_engines_run_unsharded() -> None:
+    for engine in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        assert check_engine(engine, env={}) is None
+    # the launch files (DDP, FSDP2, DeepSpeed) and the SLURM script: tests/test_fsdp.py
 
 
 # ---------------------------------------------------------------------------- the update
@@ -151,33 +84,6 @@ def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) ->
 
 
 # ---------------------------------------------------------------------------- the CLI, end to end
-def write_run_file(tmp_path: Path, output_dir: Path, **overrides: Any) -> Path:
-    model = tmp_path / "model"
-    if not model.exists():
-        save_tiny_model(model, chars="0123456789+= ")
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n" for a in range(10) for b in range(10)))
-    values = {
-        "model": str(model),
-        "dataset": str(data),
-        "reward_funcs": ["tests.helpers.models:frac7_stopping"],
-        "output_dir": str(output_dir),
-        "num_generations": 4,
-        "per_device_train_batch_size": 8,
-        "max_completion_length": 6,
-        "learning_rate": 0.03,
-        "lr_scheduler_type": "constant",
-        "save_steps": 2,
-        "max_steps": 12,
-        "logging_steps": 1,
-        "seed": 0,
-        **overrides,
-    }
-    run_file = tmp_path / f"{output_dir.name}.yaml"
-    run_file.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
-    return run_file
-
-
 def test_two_processes_learn_and_resume_exactly_after_a_sigterm(tmp_path: Path) -> None:
     straight = write_run_file(tmp_path, tmp_path / "straight")
     assert_ok(torchrun("-m", "rloo", "train", str(straight)))

@@ -138,6 +138,7 @@ def generate_rollouts(
     generator: torch.Generator | None = None,
     sampling_seed: int | None = None,
     stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
+    all_done: Callable[[bool], bool] | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
@@ -146,6 +147,8 @@ def generate_rollouts(
     (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s. A completion
     ends at its first token in ``eos_token_ids``, or at the token after which ``stop(tokens, active)``
     (e.g. :class:`rloo.generation.stopping.StopStrings`) says it stops; either way it is not truncated.
+    ``all_done(done)``: whether every process is done, when several decode in lockstep (sharded
+    parameters: each forward is a collective); a finished process then keeps decoding padding.
     """
     device = next(model.parameters()).device
     k = num_generations
@@ -177,7 +180,8 @@ def generate_rollouts(
             ends |= stop(tokens, ~finished)
         lengths = torch.where(ends, step + 1, lengths)
         finished = finished | ends
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        done = bool(finished.all())
+        if (all_done(done) if all_done is not None else done) or step == max_new_tokens - 1:
             break
         if params.repetition_penalty != 1.0:
             history = torch.cat([history, token.unsqueeze(1)], dim=1)

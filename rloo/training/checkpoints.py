@@ -24,8 +24,16 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from rloo.training.guards import require_finite_weights
 from rloo.training.manifest import manifest_problem, newest_good_checkpoint, write_manifest
 from rloo.training.models import is_peft_model
+from rloo.training.sharding import (
+    full_model_state,
+    full_optimizer_state,
+    full_state_loading,
+    is_sharded,
+    load_full_optimizer_state,
+)
 from rloo.training.state_files import load_state, save_state
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -48,13 +56,32 @@ def quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-def save_pretrained_quietly(obj: Any, path: Path) -> None:
-    """``obj.save_pretrained(path)`` with safetensors and without progress bars."""
+def save_pretrained_quietly(obj: Any, path: Path, state_dict: dict[str, Any] | None = None) -> None:
+    """``obj.save_pretrained(path)`` with safetensors and without progress bars; ``state_dict``:
+    the weights to write instead of ``obj``'s own (a sharded model's, gathered: :func:`full_weights`)."""
     with quiet_progress_bars():
         if hasattr(obj, "config"):
-            obj.save_pretrained(path, safe_serialization=True)
+            extra = {} if state_dict is None else {"state_dict": state_dict}
+            obj.save_pretrained(path, safe_serialization=True, **extra)
         else:
             obj.save_pretrained(path)
+
+
+def full_weights(model: nn.Module) -> dict[str, Any] | None:
+    """A sharded (FSDP) model's full state dict, gathered onto the main process (every process
+    must call it); None for a model that is not sharded (it saves its own weights). Tied weights
+    (a head tied to the embeddings) are left out, as ``save_pretrained`` leaves them out."""
+    if not is_sharded(model):
+        return None
+    tied = _tied_parameter_names(model)
+    return {name: tensor for name, tensor in full_model_state(model).items() if name not in tied}
+
+
+def checked_weights(model: nn.Module, what: str) -> dict[str, Any] | None:
+    """:func:`full_weights`, after refusing to write ``what`` with a non-finite weight
+    (:func:`rloo.training.guards.require_finite_weights`); every process must call it."""
+    require_finite_weights(model, what)
+    return full_weights(model)
 
 
 def rng_state() -> dict[str, Any]:
@@ -79,21 +106,28 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def training_state(
-    optimizer: Any, scheduler: Any, sampler: Any, rng_per_rank: list[Any] | None = None
+    optimizer: Any, scheduler: Any, sampler: Any, rng_per_rank: list[Any] | None = None, model: Any = None
 ) -> dict[str, Any]:
     """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position.
-    ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when None)."""
+    ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when None); ``model``
+    sharded (FSDP): the optimizer state is gathered full, keyed by parameter name (a collective)."""
+    sharded = model is not None and is_sharded(model)
     return {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": rng_per_rank if rng_per_rank is not None else [rng_state()],
         "sampler": sampler.state_dict(),
     }
 
 
-def restore_training_state(state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any, rank: int = 0) -> None:
+def restore_training_state(
+    state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any, rank: int = 0, model: Any = None
+) -> None:
     """The inverse of :func:`training_state`, in place, for process ``rank``."""
-    optimizer.load_state_dict(state["optimizer"])
+    if model is not None and is_sharded(model):
+        load_full_optimizer_state(model, optimizer, state["optimizer"])  # each process keeps its shards
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     rng = state["rng"]
     restore_rng_state(rng[rank] if isinstance(rng, list) else rng)  # a dict: one process (older)
@@ -105,6 +139,7 @@ def save_checkpoint(
     step: int,
     *,
     model: Any,
+    model_state: dict[str, Any] | None = None,
     tokenizer: Any,
     training_state: dict[str, Any],
     trainer_state: dict[str, Any],
@@ -113,7 +148,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``checkpoint-<step>`` atomically; returns its path.
 
-    ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model);
+    ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model), of
+    ``model_state`` when given (a sharded model's full weights: :func:`full_weights`);
     ``training_state`` (optimizer, scheduler, RNG states) goes to JSON + safetensors, which
     loading never executes (:mod:`rloo.training.state_files`).
     """
@@ -122,7 +158,7 @@ def save_checkpoint(
     tmp = output_dir / f"tmp-checkpoint-{step}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_pretrained_quietly(model, tmp)
+    save_pretrained_quietly(model, tmp, model_state)
     save_pretrained_quietly(tokenizer, tmp)
     save_state(training_state, tmp, TRAINING_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
@@ -252,7 +288,7 @@ def restore_checkpoint(
     trainer state."""
     trainer_state, training_state = load_checkpoint_states(path)
     load_model_weights(model, path)
-    restore_training_state(training_state, optimizer, scheduler, sampler, rank)
+    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model)
     return trainer_state
 
 
@@ -266,7 +302,8 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
     if is_peft_model(model):
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+        with full_state_loading(model):
+            set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
         return
     shards = sorted(folder.glob("model*.safetensors"))  # not the training state's tensors
     if not shards:
@@ -274,7 +311,8 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
     state = {}
     for shard in shards:
         state.update(load_file(str(shard)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    with full_state_loading(model):
+        missing, unexpected = model.load_state_dict(state, strict=False)
     tied = _tied_parameter_names(model)
     untied_missing = [k for k in missing if k not in tied]
     if untied_missing or unexpected:

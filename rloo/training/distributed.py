@@ -15,12 +15,17 @@ What is split and what stays global (every rank runs the same loop):
   the global loss, for every aggregation mode.
 - **Gradients.** Summed by one all-reduce per optimizer step, after every pass of every
   micro-batch (DDP's per-backward hooks are off: ranks may run different numbers of passes,
-  since passes follow completion lengths). Clipping then sees the global gradient.
+  since passes follow completion lengths). Clipping then sees the global gradient. Under FSDP,
+  FSDP sums them (reduce-scatter) in each backward instead.
 - **Metrics.** Per-completion values are gathered and reduced as one batch; step metrics are
   averaged over ranks. Gathering goes through ``all_gather_object``, so a metric that only
   some ranks computed cannot leave a rank waiting on a collective the others never call.
 - **Stopping.** A stop request (a signal) is agreed on at each generation-batch boundary, so
   every rank stops after the same batch and writes its share of the checkpoint.
+
+Under FSDP (:mod:`rloo.training.sharding`) the processes also run in *lockstep*: every forward
+is a collective there, so generation, log-prob passes, training passes and evaluation batches
+are run the same number of times on every process (:attr:`Ranks.lockstep`).
 
 Only the main process writes files. One process (``world_size == 1``) calls no collective.
 """
@@ -31,12 +36,14 @@ import atexit
 import datetime
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from rloo.training.sharding import FSDP_HINT, ShardingSettings, sharding_settings
 
 T = TypeVar("T")
 
@@ -44,12 +51,14 @@ T = TypeVar("T")
 class Ranks:
     """The processes of a run: this one's rank, their number, and the collectives the loop needs."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, rank: int = 0, world_size: int = 1, lockstep: bool = False) -> None:
         self.rank, self.world_size = rank, world_size
+        # sharded parameters: every process must run the same forwards (see count_everywhere)
+        self.lockstep = lockstep and world_size > 1
 
     @classmethod
-    def from_accelerator(cls, accelerator: Any) -> Ranks:
-        ranks = cls(accelerator.process_index, accelerator.num_processes)
+    def from_accelerator(cls, accelerator: Any, lockstep: bool = False) -> Ranks:
+        ranks = cls(accelerator.process_index, accelerator.num_processes, lockstep)
         if ranks.distributed:
             # a process group still alive at interpreter exit aborts the process (gloo's threads
             # are destroyed while joinable: "terminate called without an active exception")
@@ -100,12 +109,17 @@ class Ranks:
 
     def map_batches(self, work: Callable[[list[int], int], T], total: int, size: int) -> list[T]:
         """``work(indices, b)`` for each batch ``b`` of ``size`` consecutive indices of ``range(total)``,
-        batch ``b`` on process ``b % world_size``; every process gets all results in batch order."""
-        mine = [
-            (b, work(list(range(start, min(start + size, total))), b))
-            for b, start in enumerate(range(0, total, size))
-            if b % self.world_size == self.rank
-        ]
+        batch ``b`` on process ``b % world_size``; every process gets all results in batch order.
+        In lockstep a process left without a batch in the last round works on batch 0 again and
+        drops the result, so every process runs as many batches."""
+        batches = [list(range(start, min(start + size, total))) for start in range(0, total, size)]
+        rounds = -(-len(batches) // self.world_size) if self.lockstep else 0
+        mine = []
+        for b in range(self.rank, max(len(batches), rounds * self.world_size), self.world_size):
+            if b < len(batches):
+                mine.append((b, work(batches[b], b)))
+            else:
+                work(batches[0], 0)  # a filler batch: its forwards keep the processes in step
         return [result for _, result in sorted((r for part in self.gather_objects(mine) for r in part), key=_first)]
 
     def sum(self, values: list[float]) -> list[float]:
@@ -119,6 +133,20 @@ class Ranks:
     def any(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is True on any."""
         return bool(self.sum([float(flag)])[0] > 0)
+
+    def all_done(self, done: bool) -> bool:
+        """In lockstep: True on every rank once ``done`` is True on all (generation decodes until
+        every process has finished); otherwise ``done`` itself, with no collective."""
+        return not self.any(not done) if self.lockstep else done
+
+    def count_everywhere(self, count: int) -> int:
+        """In lockstep: the largest ``count`` over ranks (the passes every process runs, some of
+        them fillers); otherwise ``count`` itself, with no collective."""
+        if not self.lockstep:
+            return count
+        tensor = torch.tensor([count], dtype=torch.int64, device=_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
 
     def batch_stats(self, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(sum, count, std)`` of ``values[mask]`` over every rank's batch: the global version of
@@ -149,21 +177,18 @@ class Ranks:
             offset += grad.numel()
 
 
-SUPPORTED_ENGINES = ("NO", "MULTI_CPU", "MULTI_GPU")
+SUPPORTED_ENGINES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")
 
 
-def check_engine(distributed_type: Any) -> None:
-    """Refuse engines the loop does not support yet: sharded parameters (FSDP, DeepSpeed ZeRO)
-    need every process to run the same forward passes, in generation too, and reduce gradients
-    in their own backward hooks; the loop here is data parallel (DDP-style) only."""
+def check_engine(distributed_type: Any, env: Mapping[str, str] | None = None) -> ShardingSettings | None:
+    """The sharding the launch asks for (None: data parallel), refusing what rloo does not run:
+    DeepSpeed, FSDP version 1 (:func:`rloo.training.sharding.sharding_settings`) and the other
+    engines accelerate knows (XLA, Megatron-LM, ...)."""
+    settings = sharding_settings(distributed_type, env)
     name = getattr(distributed_type, "name", str(distributed_type))
     if name not in SUPPORTED_ENGINES:
-        raise ValueError(
-            f"accelerate is configured for {name}, which rloo does not support yet: its processes generate "
-            "different numbers of tokens, which sharded-parameter engines (FSDP, DeepSpeed) cannot run. Use data "
-            "parallel training (examples/accelerate/ddp.yaml, or torchrun), with LoRA or gradient_checkpointing "
-            "if the model is large"
-        )
+        raise ValueError(f"accelerate is configured for {name}, which rloo does not support: {FSDP_HINT}")
+    return settings
 
 
 def release_process_group() -> None:

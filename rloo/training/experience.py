@@ -75,7 +75,9 @@ class ExperienceMaker:
         old_logprobs = None
         if args.optimizer_steps_per_generation > 1:
             max_rows = self.max_rows(rollout)
-            old_logprobs = no_grad_logprobs(self.model(), rollout, args.temperature, max_rows, self.autocast)
+            old_logprobs = no_grad_logprobs(
+                self.model(), rollout, args.temperature, max_rows, self.autocast, self.ranks.count_everywhere
+            )
         t1 = time.perf_counter()  # 4. advantages
         per_token_kl = None
         if reference_logprobs is not None:
@@ -129,4 +131,7 @@ class ExperienceMaker:
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:
-            return no_grad_logprobs(reference, rollout, self.args.temperature, self.max_rows(rollout), self.autocast)
+            # a separate reference model is not sharded: its passes need no lockstep
+            count = self.ranks.count_everywhere if self.reference is None else None
+            max_rows = self.max_rows(rollout)
+            return no_grad_logprobs(reference, rollout, self.args.temperature, max_rows, self.autocast, count)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import torch.distributed as dist
 from torch import nn
 
 
@@ -53,10 +54,22 @@ class NonFiniteGuard:
 
 
 def require_finite_weights(model: nn.Module, what: str) -> None:
-    """Raise ``NonFiniteTrainingError`` instead of writing ``what`` with a NaN/inf weight."""
+    """Raise ``NonFiniteTrainingError`` instead of writing ``what`` with a NaN/inf weight. Sharded
+    weights (FSDP) are checked shard by shard and the verdict shared, so every process raises."""
+    from torch.distributed.tensor import DTensor
+
+    bad, sharded = None, False
     for name, param in model.named_parameters():
-        if not bool(param.detach().isfinite().all()):
-            raise NonFiniteTrainingError(
-                f"not writing {what}: weight {name} is not finite (NaN/inf); the earlier checkpoints are "
-                f"kept. To fix: {NONFINITE_FIXES}"
-            )
+        sharded = sharded or isinstance(param, DTensor)
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if bad is None and not bool(local.detach().isfinite().all()):
+            bad = name
+    if sharded and dist.is_initialized():
+        names: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(names, bad)
+        bad = next((n for n in names if n is not None), None)
+    if bad is not None:
+        raise NonFiniteTrainingError(
+            f"not writing {what}: weight {bad} is not finite (NaN/inf); the earlier checkpoints are "
+            f"kept. To fix: {NONFINITE_FIXES}"
+        )

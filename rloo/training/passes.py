@@ -39,11 +39,18 @@ def no_grad_logprobs(
     temperature: float,
     max_rows: int,
     autocast: Autocast = contextlib.nullcontext,
+    count_everywhere: Callable[[int], int] | None = None,
 ) -> Tensor:
-    """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked."""
+    """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked.
+
+    ``count_everywhere(n)``: the number of passes every process runs (lockstep, FSDP); passes
+    beyond this process's own repeat its first and are dropped."""
     out = torch.zeros_like(rollout.sampling_logprobs)
     all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
-    for rows in plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows):
+    passes = plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows)
+    total = count_everywhere(len(passes)) if count_everywhere is not None else len(passes)
+    for i in range(total):
+        rows = passes[i] if i < len(passes) else all_rows[:1]
         tc = max(int(rollout.completion_mask[rows].sum(dim=1).max()), 1)
         with autocast():
             lp = completion_logprobs(
@@ -54,7 +61,8 @@ def no_grad_logprobs(
                 rollout.completion_mask[rows, :tc],
                 temperature,
             ).logprobs
-        out[rows, : lp.shape[1]] = lp.float()
+        if i < len(passes):
+            out[rows, : lp.shape[1]] = lp.float()
     return out * rollout.completion_mask
 
 

@@ -47,17 +47,18 @@ from rloo.training.callbacks import Callbacks
 from rloo.training.checkpoints import rng_state
 from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
 from rloo.training.experience import ExperienceMaker
-from rloo.training.guards import SKIPPED_STEP, require_finite_weights
+from rloo.training.guards import SKIPPED_STEP
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.hub import push_run
 from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
 from rloo.training.models import count_parameters, load_tokenizer, prepare_policy, resolve_mixed_precision
-from rloo.training.optimization import build_optimizer, total_steps
+from rloo.training.optimization import total_steps
 from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.schedule import checkpoint_due, evaluation_due, evaluation_setting
+from rloo.training.sharding import prepare_training
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
@@ -93,8 +94,8 @@ class RLOOTrainer:
         self.accelerator = Accelerator(
             mixed_precision=resolve_mixed_precision(args.bf16, args.fp16), cpu=cpu_processes()
         )
-        check_engine(self.accelerator.distributed_type)
-        self.ranks = Ranks.from_accelerator(self.accelerator)
+        sharding = check_engine(self.accelerator.distributed_type)  # None: data parallel; else FSDP2
+        self.ranks = Ranks.from_accelerator(self.accelerator, lockstep=sharding is not None)
         self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
         self.train_dataset, self.eval_dataset = load_train_and_eval(
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
@@ -119,12 +120,11 @@ class RLOOTrainer:
         self.sampler = row_source(self.train_dataset, args.seed, args.shuffle_dataset)
         num_prompts = getattr(self.train_dataset, "num_rows", None)  # None: streaming
         self.state = TrainerState(max_steps=total_steps(args, num_prompts, self.ranks.world_size))
-        optimizer, self.scheduler = build_optimizer(policy, args, self.state.max_steps)
-        self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
-        device = self.accelerator.device
+        prepared = prepare_training(self.accelerator, policy, args, self.state.max_steps, sharding)
+        self.model, self.optimizer, self.scheduler = prepared
         if self.ref_model is not None:
-            self.ref_model.to(device)
-        self.rewards.to(device)
+            self.ref_model.to(self.accelerator.device)
+        self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)
         self.output_dir = Path(args.output_dir)
@@ -222,7 +222,7 @@ class RLOOTrainer:
 
     def _announce(self) -> None:
         self.console.print(self.args.describe_algorithm())
-        where = f"{self.accelerator.device} ({self.accelerator.mixed_precision})"
+        where = f"{self.accelerator.device} ({self.accelerator.mixed_precision}{', FSDP2' * self.ranks.lockstep})"
         parameters = count_parameters(self.model)
         self.console.print(run_summary(self.args, parameters, where, self.state.max_steps, self.ranks.world_size))
 
@@ -252,6 +252,7 @@ class RLOOTrainer:
             sampling_seed=sampling_seed,
             trainer_state=self.state,
             autocast=self.accelerator.autocast,
+            all_done=self.ranks.all_done,
         )
 
     # ------------------------------------------------------------------ phase 5
@@ -302,7 +303,8 @@ class RLOOTrainer:
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
-            self.best.observe(state, logs, self._write_model, self.ranks.on_main)
+            weights = checkpoints.full_weights(self.unwrapped_model) if self.best.enabled else None
+            self.best.observe(state, logs, functools.partial(self._write_model, weights=weights), self.ranks.on_main)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
         if checkpoint_due(args, state.global_step, epoch_ended) or callbacks.requested("should_save"):
@@ -326,15 +328,16 @@ class RLOOTrainer:
 
     def _save_checkpoint(self) -> Path:
         self._checkpoint_due = False
-        require_finite_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
+        weights = checkpoints.checked_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         rng = self.ranks.gather_objects(rng_state())
-        state = checkpoints.training_state(self.optimizer, self.scheduler, self.sampler, rng_per_rank=rng)
+        state = checkpoints.training_state(self.optimizer, self.scheduler, self.sampler, rng, self.unwrapped_model)
         state[ReferenceSync.KEY] = self.reference_sync.state()
         path = self.ranks.on_main(
             lambda: checkpoints.save_checkpoint(
                 self.output_dir,
                 self.state.global_step,
                 model=self.unwrapped_model,
+                model_state=weights,
                 tokenizer=self.processing_class,
                 training_state=state,
                 trainer_state={**self.state.to_dict(), "world_size": self.ranks.world_size},
@@ -387,10 +390,10 @@ class RLOOTrainer:
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
         path = Path(output_dir or self.args.output_dir)
-        require_finite_weights(self.unwrapped_model, str(path))
-        self.ranks.on_main(lambda: self._write_model(path))
+        weights = checkpoints.checked_weights(self.unwrapped_model, str(path))  # sharded (FSDP): gathered
+        self.ranks.on_main(lambda: self._write_model(path, weights))
         return path
 
-    def _write_model(self, path: Path) -> None:
-        checkpoints.save_pretrained_quietly(self.unwrapped_model, path)
+    def _write_model(self, path: Path, weights: dict[str, Any] | None = None) -> None:
+        checkpoints.save_pretrained_quietly(self.unwrapped_model, path, weights)
         checkpoints.save_pretrained_quietly(self.processing_class, path)

@@ -23,6 +23,7 @@ from rloo.training.guards import NonFiniteGuard
 from rloo.training.metrics import update_metrics
 from rloo.training.optimization import zero_grads_if_none
 from rloo.training.passes import pass_loss
+from rloo.training.sharding import clip_grad_norm, is_sharded
 
 
 def is_mixture_of_experts(model: Any) -> bool:
@@ -60,7 +61,8 @@ class Updater:
     ``model`` is the unwrapped module: under DDP its wrapper only broadcast the initial weights;
     passes bypass it, so no per-backward all-reduce or buffer broadcast runs (processes may run
     different numbers of passes, which DDP's collectives would not survive), and the gradients
-    are summed by one all-reduce per step instead.
+    are summed by one all-reduce per step instead. Under FSDP (``model`` sharded) every process
+    runs as many passes (fillers count 0) and FSDP sums the gradients in each backward.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Updater:
             args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0 and not self.aux_loss_coef
         )
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
+        self.sharded = is_sharded(model)
 
     def step(self, batch: TrainBatch, step_rows: list[Tensor], max_rows: int, global_step: int) -> StepOutcome:
         """One optimizer step over ``step_rows`` (this process's micro-batches of the step)."""
@@ -92,12 +95,14 @@ class Updater:
         tokens, sequences = self.ranks.sum([float(batch.loss_mask[all_rows].sum()), float(all_rows.numel())])
         active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
         self.model.train()
+        passes = plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows)
         results = []
-        for rows in plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows):
+        for i in range(self.ranks.count_everywhere(len(passes))):
+            filler = i >= len(passes)  # lockstep (FSDP): a pass whose loss counts 0, on any row
             with self.accelerator.autocast():
                 result = pass_loss(
                     self.forward_model,
-                    take_rows(batch, rows),
+                    take_rows(batch, all_rows[:1] if filler else passes[i]),
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
                     aux_loss_coef=self.aux_loss_coef,
@@ -105,12 +110,11 @@ class Updater:
                     total_sequences=sequences,
                     **self.objective,
                 )
-            self.accelerator.backward(result.loss)
-            results.append(result)
+            self.accelerator.backward(result.loss * 0.0 if filler else result.loss)
+            if not filler:
+                results.append(result)
         zero_grads_if_none(self.model)
-        self.ranks.sum_gradients(self.model)
-        max_norm = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = self.reduce_and_clip()
         local = update_metrics(results)
         local["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
         metrics = reduce_step_metrics(self.ranks.gather_objects(local))
@@ -129,3 +133,13 @@ class Updater:
         metrics["grad_norm"] = grad_norm
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
         return StepOutcome(metrics, skipped)
+
+    def reduce_and_clip(self) -> float:
+        """Sum the gradients over processes (FSDP has, in its backward hooks) and clip them to
+        ``max_grad_norm``; returns their global norm before clipping."""
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else float("inf")
+        if self.sharded:
+            self.accelerator.unscale_gradients()  # fp16: the scaler's unscale, as clip_grad_norm_ does
+            return clip_grad_norm([p for p in self.model.parameters() if p.requires_grad], max_norm)
+        self.ranks.sum_gradients(self.model)
+        return float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))

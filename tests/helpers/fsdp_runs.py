@@ -1,0 +1,67 @@
+"""Training runs through the Python API under FSDP2, launched by ``tests/test_fsdp.py``: with
+``torchrun`` on 2 processes and the variables ``accelerate launch --config_file
+examples/accelerate/fsdp2_cpu.yaml`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION=2``), the
+policy is sharded; with plain ``python`` (one process) the same runs train unsharded.
+
+``python tests/helpers/fsdp_runs.py OUT`` trains each case of :data:`CASES` on the same global
+batch (8 completions per step over all processes), and has the main process write its final
+parameters (``OUT/<case>.safetensors``, the full ones, read back from the saved final model) and
+logged metrics (``OUT/<case>.json``). Each case's ``final/`` folder is the trainer's own save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from peft import LoraConfig
+from safetensors.torch import save_file
+
+from rloo import RLOOTrainer
+from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+
+COMPLETIONS_PER_STEP = 8
+
+# name -> settings: the full model with a separate (unsharded) reference and old log-probs from
+# extra passes (2 optimizer steps per generation, each on the whole batch); LoRA, whose reference
+# is the sharded policy with its adapters disabled, with an evaluation every step (5 eval prompts:
+# one process gets a filler batch) and the best model kept
+CASES: dict[str, dict[str, Any]] = {
+    "full": {"num_iterations": 2},
+    "lora": {"eval_steps": 1, "load_best_model_at_end": True, "metric_for_best_model": "eval_reward"},
+}
+
+
+def main(out: Path) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for name, settings in CASES.items():
+        tok = make_tokenizer()
+        lora = name == "lora"
+        args = config(
+            out / f"world{world}" / name,
+            per_device_train_batch_size=COMPLETIONS_PER_STEP // world,
+            num_generations=2,
+            beta=0.05,
+            max_steps=2,
+            max_grad_norm=0.05,  # small: clipping acts, so the global norm of the sharded gradient matters
+            **settings,
+        )
+        extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
+        trainer = RLOOTrainer(
+            make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok, **(extra if lora else {})
+        )
+        trainer.train()
+        if trainer.ranks.is_main:
+            from safetensors.torch import load_file
+
+            final = Path(args.output_dir) / "final"
+            saved = load_file(str(final / ("adapter_model.safetensors" if lora else "model.safetensors")))
+            save_file({k: v.contiguous() for k, v in saved.items()}, str(out / f"{name}.safetensors"))
+            (out / f"{name}.json").write_text(json.dumps(trainer.state.log_history))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
