@@ -1,6 +1,6 @@
 """The cost of coordination: 2 processes (torchrun, gloo on CPU) vs 1 process on the same global batch.
 
-    .venv/bin/python benchmarks/distributed.py [--repeats 3] [--steps 5] [--model small]
+    .venv/bin/python benchmarks/distributed.py [--repeats 3] [--steps 5] [--model small] [--fsdp]
 
 Both sides train the same run file on the same benchmark model (benchmarks/common.py) with the
 same global batch: 1 process x 8 prompts, or 2 processes x 4 prompts, K = 4 completions of up to
@@ -9,7 +9,9 @@ same global batch: 1 process x 8 prompts, or 2 processes x 4 prompts, K = 4 comp
 step as logged by the main process, generation included) and the wall time of the whole
 command, with min-max over repeats. On a 2-core machine two processes share the cores that
 one process's threads use, so no speed-up is expected: the ratio measures what sharding,
-the collectives and the per-step gathers cost.
+the collectives and the per-step gathers cost. ``--fsdp`` adds 2 processes under FSDP2 (the
+variables ``accelerate launch --config_file examples/accelerate/fsdp2_cpu.yaml`` sets): every
+forward all-gathers each layer's parameters and generation decodes in lockstep.
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_run_file(folder: Path, model: Path, processes: int, steps: int, repeat: int) -> tuple[Path, Path]:
+def write_run_file(
+    folder: Path, model: Path, processes: int, steps: int, repeat: int, fsdp: bool = False
+) -> tuple[Path, Path]:
     """The run file of one run and its output folder."""
     data = folder / "prompts.jsonl"
     if not data.exists():
         data.write_text(
             "".join(json.dumps({"prompt": f"Compute {a} plus {b}."}) + "\n" for a in range(20) for b in range(20))
         )
-    out = folder / f"run-{processes}-{repeat}"
-    run_file = folder / f"run-{processes}-{repeat}.yaml"
+    name = f"run-{processes}{'-fsdp' if fsdp else ''}-{repeat}"
+    out, run_file = folder / name, folder / f"{name}.yaml"
     values = {
         "model": str(model),
         "dataset": str(data),
@@ -67,9 +71,13 @@ def write_run_file(folder: Path, model: Path, processes: int, steps: int, repeat
     return run_file, out
 
 
-def run(run_file: Path, out: Path, processes: int) -> tuple[list[float], float]:
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+
+
+def run(run_file: Path, out: Path, processes: int, fsdp: bool = False) -> tuple[list[float], float]:
     """``(timing/step of each step, wall seconds)`` of one ``rloo train``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // processes))}
+    env.update(FSDP_ENV if fsdp else {})
     if processes == 1:
         command = [sys.executable, "-m", "rloo", "train", str(run_file)]
     else:
@@ -91,6 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--model", choices=sorted(MODEL_SIZES), default="small")
+    parser.add_argument("--fsdp", action="store_true", help="also 2 processes under FSDP2")
     options = parser.parse_args()
     from rloo.tiny import save_tiny_model
 
@@ -105,27 +114,27 @@ def main() -> None:
             num_heads=size["num_heads"],
             intermediate_size=size["intermediate_size"],
         )
-        step_times: dict[int, list[float]] = {1: [], 2: []}
-        walls: dict[int, list[float]] = {1: [], 2: []}
+        sides = ["1", "2"] + (["2 FSDP2"] if options.fsdp else [])
+        step_times: dict[str, list[float]] = {side: [] for side in sides}
+        walls: dict[str, list[float]] = {side: [] for side in sides}
         for repeat in range(options.repeats):
-            order = (1, 2) if repeat % 2 == 0 else (2, 1)
-            for processes in order:
-                run_file, out = write_run_file(folder, model, processes, options.steps, repeat)
-                steps, wall = run(run_file, out, processes)
-                step_times[processes].append(statistics.median(steps[1:]))
-                walls[processes].append(wall)
-                print(
-                    f"repeat {repeat} processes {processes}: step {step_times[processes][-1]:.3f} s, wall {wall:.1f} s"
-                )
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
+                processes = int(side[0])
+                run_file, out = write_run_file(folder, model, processes, options.steps, repeat, side.endswith("FSDP2"))
+                steps, wall = run(run_file, out, processes, fsdp=side.endswith("FSDP2"))
+                step_times[side].append(statistics.median(steps[1:]))
+                walls[side].append(wall)
+                print(f"repeat {repeat} processes {side}: step {step_times[side][-1]:.3f} s, wall {wall:.1f} s")
     print(
         f"\n{options.model} model, {GLOBAL_PROMPTS} prompts x {K} completions x {T} tokens per step, "
         f"{os.cpu_count()} CPU cores, medians (min-max) over {options.repeats} repeats"
     )
     print("| processes | step time (s) | wall time (s) |\n|---|---|---|")
-    for processes in (1, 2):
-        print(f"| {processes} | {summary(step_times[processes])} | {summary(walls[processes])} |")
-    ratio = statistics.median(step_times[2]) / statistics.median(step_times[1])
-    print(f"\nstep time ratio 2 processes / 1 process: {ratio:.2f}")
+    for side in sides:
+        print(f"| {side} | {summary(step_times[side])} | {summary(walls[side])} |")
+    for side in sides[1:]:
+        ratio = statistics.median(step_times[side]) / statistics.median(step_times["1"])
+        print(f"\nstep time ratio {side} processes / 1 process: {ratio:.2f}")
 
 
 if __name__ == "__main__":
