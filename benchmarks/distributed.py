@@ -87,7 +87,7 @@ def run(run_file: Path, out: Path, processes: int, fsdp: bool = False) -> tuple[
     subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [row["timing/step"] for row in rows], wall
+    return [row["timing/step"] for row in rows if "timing/step" in row], wall  # not the summary row
 
 
 def summary(values: list[float]) -> str:

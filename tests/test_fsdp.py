@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.tiny import build_tiny_llama
 from rloo.training.distributed import check_engine
-from rloo.training.sharding import ShardingSettings, sharding_settings
+from rloo.training.sharding import ShardingSettings, prepare_training, sharding_settings
 from tests.helpers.fsdp_runs import CASES
 from tests.helpers.launch import (
     BIN,
@@ -96,6 +97,11 @@ def test_fsdp_settings_and_what_is_refused() -> None:
             sharding_settings(DistributedType.FSDP, env)
     with pytest.raises(ValueError, match="XLA, which rloo does not support"):
         check_engine(DistributedType.XLA, {})
+    two_processes = SimpleNamespace(num_processes=2)
+    for name in ("sync_ref_model", "torch_compile", "fp16"):
+        args = SimpleNamespace(**{"sync_ref_model": False, "torch_compile": False, "fp16": False, name: True})
+        with pytest.raises(ValueError, match=f"{name} not supported with FSDP"):
+            prepare_training(two_processes, torch.nn.Linear(2, 2), args, 1, ShardingSettings())
 
 
 def test_lockstep_generation_keeps_decoding_padding_until_every_process_is_done() -> None:

@@ -206,19 +206,22 @@ def prepare_training(
 ) -> tuple[Any, Any, Any]:
     """``(model, optimizer, scheduler)`` for the run. Data parallel: accelerate prepares the policy
     (DDP, which broadcasts the initial weights) and the optimizer. Sharded: the policy is sharded
-    here first (:func:`shard_model`), the optimizer built over its shards, and accelerate prepares
-    the optimizer only."""
+    here (:func:`shard_model`) and the optimizer built over its shards; accelerate prepares
+    neither (its FSDP2 ``prepare`` insists on wrapping the model itself), so the run is the same
+    on GPUs, where accelerate reports FSDP, and on CPUs, where it reports plain multi-CPU."""
     from rloo.training.optimization import build_optimizer
 
     if settings is None or accelerator.num_processes == 1:
         optimizer, scheduler = build_optimizer(policy, args, max_steps)
         model, optimizer = accelerator.prepare(policy, optimizer)
         return model, optimizer, scheduler
-    if args.sync_ref_model or args.torch_compile:
+    refused = [name for name in ("sync_ref_model", "torch_compile", "fp16") if getattr(args, name)]
+    if refused:
         raise ValueError(
-            "sync_ref_model and torch_compile are not supported with FSDP in rloo (the reference model is not "
-            "sharded; compiling a sharded model is untested); drop them or train data parallel"
+            f"{', '.join(refused)} not supported with FSDP in rloo (the reference model is not sharded; compiling "
+            "a sharded model is untested; fp16's gradient scaler is not applied to sharded gradients: use bf16); "
+            "drop them, or train data parallel"
         )
     shard_model(policy, settings, accelerator.device, accelerator.num_processes)
     optimizer, scheduler = build_optimizer(policy, args, max_steps)
-    return policy, accelerator.prepare(optimizer), scheduler
+    return policy, optimizer, scheduler

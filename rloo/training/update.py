@@ -138,8 +138,7 @@ class Updater:
         """Sum the gradients over processes (FSDP has, in its backward hooks) and clip them to
         ``max_grad_norm``; returns their global norm before clipping."""
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else float("inf")
-        if self.sharded:
-            self.accelerator.unscale_gradients()  # fp16: the scaler's unscale, as clip_grad_norm_ does
+        if self.sharded:  # no fp16 scaler under FSDP (refused)
             return clip_grad_norm([p for p in self.model.parameters() if p.requires_grad], max_norm)
         self.ranks.sum_gradients(self.model)
         return float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
