@@ -101,7 +101,7 @@ def test_fsdp_settings_and_what_is_refused() -> None:
     for name in ("sync_ref_model", "torch_compile", "fp16"):
         args = SimpleNamespace(**{"sync_ref_model": False, "torch_compile": False, "fp16": False, name: True})
         with pytest.raises(ValueError, match=f"{name} not supported with FSDP"):
-            prepare_training(two_processes, torch.nn.Linear(2, 2), args, 1, ShardingSettings())
+            prepare_training(two_processes, torch.nn.Linear(2, 2), None, args, 1, ShardingSettings())
 
 
 def test_lockstep_generation_keeps_decoding_padding_until_every_process_is_done() -> None:

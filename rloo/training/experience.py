@@ -131,7 +131,5 @@ class ExperienceMaker:
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:
-            # a separate reference model is not sharded: its passes need no lockstep
-            count = self.ranks.count_everywhere if self.reference is None else None
-            max_rows = self.max_rows(rollout)
+            max_rows, count = self.max_rows(rollout), self.ranks.count_everywhere  # lockstep: sharded
             return no_grad_logprobs(reference, rollout, self.args.temperature, max_rows, self.autocast, count)

@@ -202,26 +202,36 @@ def _inner(optimizer: Any) -> Any:
 
 
 def prepare_training(
-    accelerator: Any, policy: nn.Module, args: Any, max_steps: int, settings: ShardingSettings | None
+    accelerator: Any,
+    policy: nn.Module,
+    reference: nn.Module | None,
+    args: Any,
+    max_steps: int,
+    settings: ShardingSettings | None,
 ) -> tuple[Any, Any, Any]:
-    """``(model, optimizer, scheduler)`` for the run. Data parallel: accelerate prepares the policy
-    (DDP, which broadcasts the initial weights) and the optimizer. Sharded: the policy is sharded
-    here (:func:`shard_model`) and the optimizer built over its shards; accelerate prepares
+    """``(model, optimizer, scheduler)`` for the run, and a separate ``reference`` model (if any)
+    on the device. Data parallel: accelerate prepares the policy (DDP, which broadcasts the initial
+    weights) and the optimizer. Sharded: the policy and the reference are sharded here
+    (:func:`shard_model`) and the optimizer built over the policy's shards; accelerate prepares
     neither (its FSDP2 ``prepare`` insists on wrapping the model itself), so the run is the same
     on GPUs, where accelerate reports FSDP, and on CPUs, where it reports plain multi-CPU."""
     from rloo.training.optimization import build_optimizer
 
     if settings is None or accelerator.num_processes == 1:
+        if reference is not None:
+            reference.to(accelerator.device)
         optimizer, scheduler = build_optimizer(policy, args, max_steps)
         model, optimizer = accelerator.prepare(policy, optimizer)
         return model, optimizer, scheduler
     refused = [name for name in ("sync_ref_model", "torch_compile", "fp16") if getattr(args, name)]
     if refused:
         raise ValueError(
-            f"{', '.join(refused)} not supported with FSDP in rloo (the reference model is not sharded; compiling "
-            "a sharded model is untested; fp16's gradient scaler is not applied to sharded gradients: use bf16); "
-            "drop them, or train data parallel"
+            f"{', '.join(refused)} not supported with FSDP in rloo (the sharded reference's state is not "
+            "checkpointed; compiling a sharded model is untested; fp16's gradient scaler is not applied to "
+            "sharded gradients: use bf16); drop them, or train data parallel"
         )
-    shard_model(policy, settings, accelerator.device, accelerator.num_processes)
+    for model in (policy, reference):
+        if model is not None:
+            shard_model(model, settings, accelerator.device, accelerator.num_processes)
     optimizer, scheduler = build_optimizer(policy, args, max_steps)
     return policy, optimizer, scheduler

@@ -120,10 +120,8 @@ class RLOOTrainer:
         self.sampler = row_source(self.train_dataset, args.seed, args.shuffle_dataset)
         num_prompts = getattr(self.train_dataset, "num_rows", None)  # None: streaming
         self.state = TrainerState(max_steps=total_steps(args, num_prompts, self.ranks.world_size))
-        prepared = prepare_training(self.accelerator, policy, args, self.state.max_steps, sharding)
+        prepared = prepare_training(self.accelerator, policy, self.ref_model, args, self.state.max_steps, sharding)
         self.model, self.optimizer, self.scheduler = prepared
-        if self.ref_model is not None:
-            self.ref_model.to(self.accelerator.device)
         self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)

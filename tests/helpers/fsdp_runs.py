@@ -21,18 +21,24 @@ from peft import LoraConfig
 from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
+from rloo.training.sharding import is_sharded
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
 
 COMPLETIONS_PER_STEP = 8
 
-# name -> settings: the full model with a separate (unsharded) reference and old log-probs from
+# name -> settings: the full model with a separate reference (sharded too) and old log-probs from
 # extra passes (2 optimizer steps per generation, each on the whole batch), one row a pass (the
 # processes have different numbers of rows to train on: filler passes); LoRA, whose reference
 # is the sharded policy with its adapters disabled, with an evaluation every step (5 eval prompts:
-# one process gets a filler batch) and the best model kept
+# one process gets a filler batch), the best model kept and gradient checkpointing
 CASES: dict[str, dict[str, Any]] = {
     "full": {"num_iterations": 2, "max_logits_memory_mb": 1e-6},  # one row a pass: uneven pass counts
-    "lora": {"eval_steps": 1, "load_best_model_at_end": True, "metric_for_best_model": "eval_reward"},
+    "lora": {
+        "eval_steps": 1,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "eval_reward",
+        "gradient_checkpointing": True,
+    },
 }
 
 
@@ -62,6 +68,8 @@ def main(out: Path) -> None:
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
         model, data = make_model(tok), dataset()
         trainer = RLOOTrainer(model, frac7_even_sums, args, data, processing_class=tok, **(extra if lora else {}))
+        if world > 1:  # the policy and a separate reference are sharded
+            assert all(is_sharded(m) for m in (trainer.model, trainer.ref_model) if m is not None)
         trainer.train()
         if trainer.ranks.is_main:
             from safetensors.torch import load_file
