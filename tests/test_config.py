@@ -133,8 +133,8 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"eval_strategy": "often"}, "eval_strategy", "often", "choose one of ['steps', 'epoch', 'no']"),
     ({"save_strategy": "best"}, "save_strategy", "best", "choose one of ['steps', 'epoch', 'no']"),
     ({"num_generations_eval": 0}, "num_generations_eval", 0, "or None for num_generations"),
-    ({"report_to": ["tensorboard", "mlflow"]}, "report_to", ["tensorboard", "mlflow"], "'wandb'"),
-    ({"report_to": "mlflow"}, "report_to", ["mlflow"], "each entry must be one of"),
+    ({"report_to": ["tensorboard", "mlfow"]}, "report_to", ["tensorboard", "mlfow"], "'mlflow'"),
+    ({"report_to": "neptune"}, "report_to", ["neptune"], "each entry must be one of"),
     ({"num_completions_to_print": -1}, "num_completions_to_print", -1, "must be >= 0"),
 ]
 

@@ -367,7 +367,11 @@ class RLOOFields:
         trl="per_device_eval_batch_size",
     )
     report_to: Sequence[str] = option(
-        ("none",), "Metric sinks besides metrics.jsonl: one or more of none, tensorboard, wandb.", trl="report_to"
+        ("none",),
+        "Experiment trackers besides metrics.jsonl, through accelerate: none, all (every installed one), "
+        "tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab, or a tracker registered "
+        "with accelerate. Logged under TRL's names (train/reward, eval/reward) with the run's config.",
+        trl="report_to",
     )
     log_completions: bool = option(
         False,

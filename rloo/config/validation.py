@@ -22,7 +22,20 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = ("steps", "epoch", "no")  # transformers' IntervalStrategy values
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
-REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")
+# report_to: accelerate's trackers (rloo.training.trackers), "all" installed ones, or "none"
+REPORT_SINKS: tuple[str, ...] = (
+    "none",
+    "all",
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "comet_ml",
+    "mlflow",
+    "aim",
+    "clearml",
+    "dvclive",
+    "swanlab",
+)
 # transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
 OPTIMIZERS: tuple[str, ...] = (
     "adamw_torch",
@@ -317,6 +330,13 @@ def _check_schedules(config: RLOOConfig) -> None:
         raise fail("eval_strategy", "steps", "set eval_steps (evaluate every this many steps), or use epoch")
 
 
+def _registered_tracker(name: str) -> bool:
+    """A custom tracker class registered with accelerate under ``name`` (imported only then)."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return name in LOGGER_TYPE_TO_CLASS
+
+
 def _check_logging(config: RLOOConfig) -> None:
     for name in ("logging_steps", "save_steps"):
         if getattr(config, name) < 1:
@@ -329,7 +349,12 @@ def _check_logging(config: RLOOConfig) -> None:
         raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
     _check_schedules(config)
     for sink in config.report_to:
-        if sink not in REPORT_SINKS:
-            raise fail("report_to", config.report_to, f"each entry must be one of {list(REPORT_SINKS)}")
+        if sink not in REPORT_SINKS and not _registered_tracker(sink):
+            raise fail(
+                "report_to",
+                config.report_to,
+                f"each entry must be one of {list(REPORT_SINKS)} or a tracker registered with "
+                "accelerate.tracking.register_tracker_class",
+            )
     if config.num_completions_to_print < 0:
         raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0")
