@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rloo.config.optimizers import OPTIMIZERS
 from rloo.config.presets import PRESETS
-from rloo.config.validation import OPTIMIZERS
 
 
 def option(default: Any, help: str, *, trl: str | None = None) -> Any:
@@ -267,6 +267,13 @@ class RLOOFields:
         f"Optimizer, built by transformers' factory: one of {', '.join(OPTIMIZERS)} (the 8-bit ones need "
         "bitsandbytes and a CUDA GPU). The adam_* fields apply to the AdamW ones.",
         trl="optim",
+    )
+    optim_args: str | None = option(
+        None,
+        "Extra optimizer arguments as transformers reads them, 'key=value,key=value': sgd takes momentum, "
+        "dampening, weight_decay, nesterov; adagrad lr_decay, weight_decay, eps; rmsprop momentum, alpha, eps, "
+        "weight_decay, centered. Refused for the other optimizers (transformers ignores it there).",
+        trl="optim_args",
     )
     weight_decay: float = option(0.0, "Weight decay of all trainable weights, >= 0.", trl="weight_decay")
     adam_beta1: float = option(0.9, "AdamW beta1 (decay of the gradient mean), in [0, 1).", trl="adam_beta1")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+from rloo.config.optimizers import OPTIMIZERS, parse_optim_args
 from rloo.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -35,17 +36,6 @@ REPORT_SINKS: tuple[str, ...] = (
     "clearml",
     "dvclive",
     "swanlab",
-)
-# transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
-OPTIMIZERS: tuple[str, ...] = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adafactor",
-    "sgd",
-    "adagrad",
-    "rmsprop",
-    "adamw_8bit",
-    "paged_adamw_8bit",
 )
 
 
@@ -180,6 +170,16 @@ def _check_clip_range(config: RLOOConfig) -> None:
         )
 
 
+def _check_optimizer(config: RLOOConfig) -> None:
+    if config.optim not in OPTIMIZERS:
+        raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
+    if config.optim_args is not None:
+        try:
+            parse_optim_args(config.optim, config.optim_args)
+        except ValueError as error:
+            raise fail("optim_args", config.optim_args, str(error)) from None
+
+
 def _check_optimization(config: RLOOConfig) -> None:
     if not config.learning_rate > 0:
         raise fail("learning_rate", config.learning_rate, "must be > 0 (1e-6 is typical for RL on LLMs)")
@@ -193,8 +193,7 @@ def _check_optimization(config: RLOOConfig) -> None:
         raise fail("max_grad_norm", config.max_grad_norm, "must be >= 0 (0 disables gradient clipping)")
     if not config.weight_decay >= 0:
         raise fail("weight_decay", config.weight_decay, "must be >= 0")
-    if config.optim not in OPTIMIZERS:
-        raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
+    _check_optimizer(config)
     if config.fp16 and config.bf16:
         raise fail("fp16", config.fp16, "fp16 and bf16 are both True; choose one (bf16 where the GPU supports it)")
     if config.max_steps == 0 or config.max_steps < -1:
