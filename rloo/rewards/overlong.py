@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+RewardFunction = Callable[..., list[float]]
+
 
 def soft_overlong_punishment(
     max_completion_len: int = 1280, soft_punish_cache: int = 256
