@@ -136,6 +136,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"report_to": ["tensorboard", "mlflow"]}, "report_to", ["tensorboard", "mlflow"], "'wandb'"),
     ({"report_to": "mlflow"}, "report_to", ["mlflow"], "each entry must be one of"),
     ({"num_completions_to_print": -1}, "num_completions_to_print", -1, "must be >= 0"),
+    ({"log_grad_variance": -1}, "log_grad_variance", -1, "must be >= 0 (steps between measurements; 0 = off)"),
 ]
 
 

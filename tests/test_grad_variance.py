@@ -299,3 +299,20 @@ def test_rloo_bandit_reports_the_measured_and_the_closed_form_reduction() -> Non
         assert exact == pytest.approx(100 * closed, abs=0.05)
         assert measured == pytest.approx(exact, abs=2.0)  # 20000 groups: within 2 points
     assert "as the trainer's grad_var/reduction_vs_none" in flat(result.output)
+
+
+def test_a_resumed_run_measures_the_same_batches_with_the_same_numbers(tmp_path: Path) -> None:
+    """Two optimizer steps per generation batch and a measurement every 3 steps: the batches of
+    steps (3, 4) and (5, 6) are measured, straight or resumed from checkpoint-4."""
+    knobs = {"max_steps": 6, "save_steps": 3, "steps_per_generation": 2, "log_grad_variance": 3}
+    straight = trainer(tmp_path / "straight", **knobs)
+    straight.train()
+    resumed = trainer(tmp_path / "resumed", **knobs)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "run" / "checkpoint-4"))
+
+    def measured(t: Any) -> dict[float, dict[str, float]]:
+        rows = [r for r in t.state.log_history if "grad_var/used" in r]
+        return {r["step"]: {k: v for k, v in r.items() if k.startswith("grad_var/")} for r in rows}
+
+    assert sorted(measured(straight)) == [3.0, 4.0, 5.0, 6.0]
+    assert measured(resumed) == measured(straight)  # steps 5, 6 measured after the resume; 3, 4 restored
