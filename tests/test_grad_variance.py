@@ -316,3 +316,48 @@ def test_a_resumed_run_measures_the_same_batches_with_the_same_numbers(tmp_path:
 
     assert sorted(measured(straight)) == [3.0, 4.0, 5.0, 6.0]
     assert measured(resumed) == measured(straight)  # steps 5, 6 measured after the resume; 3, 4 restored
+
+
+def test_a_parameter_larger_than_a_chunk_is_sketched_in_pieces_of_one_fixed_sketch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import rloo.training.grad_variance as module
+
+    monkeypatch.setattr(module, "SKETCH_CHUNK", 5)
+    x = torch.randn(23, generator=torch.Generator().manual_seed(2))
+    columns = torch.stack([count_sketch([e]) for e in torch.eye(23)])
+    assert ((columns != 0).sum(dim=1) == 1).all()
+    torch.testing.assert_close(count_sketch([x]), x @ columns, rtol=1e-6, atol=1e-6)
+
+
+def test_sketched_variances_are_close_to_the_exact_ones_on_a_models_gradients() -> None:
+    """Full per-completion gradients of the tiny Llama (21k parameters) against their sketches:
+    a sketched squared norm errs by about sqrt(2 / 1024) = 4.4% at worst (Gaussian-like), less
+    for a sum over groups; measured here: about 1%."""
+    from rloo.algo.variance import alternative_advantages
+    from rloo.generation.logprobs import completion_logprobs
+
+    tok = make_tokenizer()
+    model = make_model(tok).eval()
+    gen = torch.Generator().manual_seed(0)
+    n, k = 64, 4
+    prompts, completions = (
+        torch.randint(3, len(tok), (n, 4), generator=gen),
+        torch.randint(3, len(tok), (n, 6), generator=gen),
+    )
+    trainable = list(model.parameters())
+    full, sketched = [], []
+    for i in range(n):
+        logprobs = completion_logprobs(
+            model, prompts[i : i + 1], torch.ones(1, 4, dtype=torch.long), completions[i : i + 1], torch.ones(1, 6), 1.0
+        ).logprobs
+        grads = torch.autograd.grad(logprobs.sum(), trainable)
+        full.append(torch.cat([g.reshape(-1) for g in grads]))
+        sketched.append(count_sketch(grads))
+    group_ids = torch.arange(n) // k
+    rewards = torch.rand(n, generator=gen) + 1.0
+    for name, advantages in alternative_advantages(rewards, group_ids, torch.ones(n, dtype=torch.bool)).items():
+        exact = total_variance(group_estimates(torch.stack(full), advantages, group_ids))
+        assert total_variance(group_estimates(torch.stack(sketched), advantages, group_ids)) == pytest.approx(
+            exact, rel=0.03
+        ), name
