@@ -25,6 +25,7 @@ are gathered, so the metrics are over every process's groups and equal on every 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -137,11 +138,14 @@ class GradVarianceProbe:
     def measure(
         self, model: nn.Module, batch: TrainBatch, rewards: Tensor, scorable: Tensor, autocast: Autocast
     ) -> dict[str, float]:
-        """``grad_var/*`` over every process's groups; ``rewards``: what the baseline saw (after clipping
-        and KL); ``autocast``: the run's mixed-precision context."""
+        """``grad_var/*`` over every process's groups, and ``timing/grad_variance`` (seconds); ``rewards``:
+        what the baseline saw (after clipping and KL); ``autocast``: the run's mixed-precision context."""
+        start = time.perf_counter()
         sketches = completion_sketches(model, batch, self.temperature, autocast)
         group_ids = batch.rollout.group_ids
         advantages = {USED: batch.advantages, **alternative_advantages(rewards, group_ids, scorable)}
         local = {name: group_estimates(sketches, a, group_ids).cpu() for name, a in advantages.items()}
         parts = self.ranks.gather_objects(local)
-        return variance_metrics({name: torch.cat([part[name] for part in parts]) for name in local})
+        metrics = variance_metrics({name: torch.cat([part[name] for part in parts]) for name in local})
+        metrics["timing/grad_variance"] = time.perf_counter() - start  # its cost, seen on the run itself
+        return metrics
