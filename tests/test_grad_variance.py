@@ -53,8 +53,8 @@ def test_group_estimates_and_total_variance_by_hand() -> None:
     # group 3: (2*[3,1] + 0)/2 = [3, 1]; group 7: ([1,0] - [0,2])/2 = [0.5, -1]; group 9: ([1,1] - [0,2])/2
     expected = torch.tensor([[3.0, 1.0], [0.5, -1.0], [0.5, -0.5]], dtype=torch.float64)
     torch.testing.assert_close(estimates, expected, rtol=0, atol=1e-15)
-    # mean [4/3, -1/6]; squared deviations 65/18 + ... by hand: x: (5/3)^2 + 2 (5/6)^2 = 75/18,
-    # y: (7/6)^2 + (5/6)^2 + (1/3)^2 = 78/36; total / (M - 1 = 2)
+    # mean [4/3, -1/6]; squared deviations, x: (5/3)^2 + 2 (5/6)^2 = 75/18, y: (7/6)^2 + (5/6)^2 + (1/3)^2
+    # = 78/36; their sum over M - 1 = 2
     assert total_variance(estimates) == pytest.approx((75 / 18 + 78 / 36) / 2, rel=1e-14)
     with pytest.raises(ValueError, match="M >= 2"):
         total_variance(estimates[:1])

@@ -92,7 +92,7 @@ def alternative_advantages(rewards: Tensor, group_ids: Tensor, scorable: Tensor)
 def variance_metrics(estimates: dict[str, Tensor]) -> dict[str, float]:
     """``grad_var/<name>`` (:func:`total_variance`) of each estimator's ``(M, D)`` group estimates,
     ``grad_var/reduction_vs_none`` (:func:`variance_reduction` of ``used`` against ``none``) and
-    ``grad_var/groups`` (M: the estimate's relative noise is about ``sqrt(2 / (M - 1))``)."""
+    ``grad_var/groups`` (M: for Gaussian-like estimates the relative error is up to ``sqrt(2 / (M - 1))``)."""
     variances = {name: total_variance(values) for name, values in estimates.items()}
     metrics = {f"grad_var/{name}": value for name, value in variances.items()}
     if USED in variances and "none" in variances:
