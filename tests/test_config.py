@@ -137,6 +137,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"report_to": ["tensorboard", "mlfow"]}, "report_to", ["tensorboard", "mlfow"], "'mlflow'"),
     ({"report_to": "neptune"}, "report_to", ["neptune"], "each entry must be one of"),
     ({"num_completions_to_print": -1}, "num_completions_to_print", -1, "must be >= 0"),
+    ({"log_grad_variance": -1}, "log_grad_variance", -1, "must be >= 0 (steps between measurements; 0 = off)"),
 ]
 
 

@@ -385,6 +385,14 @@ class RLOOFields:
         "Append prompts, completions, rewards and advantages to output_dir/completions.jsonl every logging step.",
         trl="log_completions",
     )
+    log_grad_variance: int = option(
+        0,
+        "Every this many optimizer steps, measure the variance of the policy-gradient estimate across the batch's "
+        "prompts for the advantages used and, on the same samples, for no baseline, group mean, leave-one-out and "
+        "GRPO (grad_var/* metrics; README: Gradient-variance diagnostic), >= 0; 0 = off. Costs about one extra "
+        "optimizer step's forward and backward, row by row, per measured batch.",
+        trl=None,
+    )
     num_completions_to_print: int = option(
         0,
         "Accepted for TRL configs, >= 0, but unused: completions are written by log_completions instead.",

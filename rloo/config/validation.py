@@ -355,5 +355,7 @@ def _check_logging(config: RLOOConfig) -> None:
                 f"each entry must be one of {list(REPORT_SINKS)} or a tracker registered with "
                 "accelerate.tracking.register_tracker_class",
             )
+    if config.log_grad_variance < 0:
+        raise fail("log_grad_variance", config.log_grad_variance, "must be >= 0 (steps between measurements; 0 = off)")
     if config.num_completions_to_print < 0:
         raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0")
