@@ -51,7 +51,7 @@ from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.hub import push_run
 from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
-from rloo.training.models import count_parameters, load_tokenizer, prepare_policy, resolve_mixed_precision
+from rloo.training.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.optimization import build_optimizer, total_steps
 from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
@@ -109,7 +109,9 @@ class RLOOTrainer:
             beta=self.spec.beta,
             checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        self.processing_class = load_tokenizer(model, processing_class, args.trust_remote_code)
+        self.processing_class = load_processing_class(
+            model, processing_class, args.trust_remote_code, policy, self.train_dataset, args.chat_template_kwargs
+        )
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
