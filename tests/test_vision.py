@@ -76,6 +76,26 @@ def test_an_image_column_trains_end_to_end_and_reaches_the_reward_function(tmp_p
     assert (final / "processor_config.json").exists() or (final / "preprocessor_config.json").exists()
 
 
+def test_a_saved_vision_language_model_loads_with_its_processor_from_a_folder(tmp_path: Path) -> None:
+    processor, model = build_vision("llava")
+    model.save_pretrained(tmp_path / "llava")
+    processor.save_pretrained(tmp_path / "llava")
+    trainer = make_trainer(tmp_path, image_rows(), str(tmp_path / "llava"))
+    assert type(trainer.unwrapped_model).__name__ == "LlavaForConditionalGeneration"  # not its language model alone
+    assert type(trainer.processing_class).__name__ == "LlavaProcessor"
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_a_processor_that_cannot_load_is_named_at_start_up(tmp_path: Path) -> None:
+    _, model = build_vision("llava")
+    model.save_pretrained(tmp_path / "llava")  # no processor files beside it
+    with pytest.raises(
+        ValueError, match=r"the processor of '.*llava' could not be loaded .*pass it as processing_class"
+    ):
+        make_trainer(tmp_path, image_rows(), str(tmp_path / "llava"))
+
+
 def test_an_image_column_with_a_text_only_model_is_refused_at_start_up_by_model_class(tmp_path: Path) -> None:
     tokenizer = make_tokenizer()
     with pytest.raises(ValueError, match=r"`image` column but LlamaForCausalLM is a text-only model"):

@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
@@ -80,7 +80,7 @@ class RLOOTrainer:
         args: RLOOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
+        processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
         reward_processing_classes: Any = None,
         peft_config: Any = None,
         callbacks: list[Any] | None = None,

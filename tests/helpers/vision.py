@@ -96,7 +96,8 @@ def _qwen(version: str) -> tuple[Any, Any]:
     base = transformers.Qwen2_5_VLProcessor if version == "2.5" else transformers.Qwen2VLProcessor
     processor = _qwen_processor(base)(image_processor, tokenizer, chat_template=chat_template(QWEN_IMAGE))
     rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0}
-    text = {**GQA, "vocab_size": len(tokenizer), "rope_parameters": rope, **_ids(tokenizer)}
+    text = {**GQA, "vocab_size": len(tokenizer), "rope_parameters": rope, "eos_token_id": tokenizer.eos_token_id}
+    text |= _ids(tokenizer)
     vision = {"depth": 1, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
     if version == "2.5":
         vision |= {"hidden_size": 16, "intermediate_size": 32, "out_hidden_size": 32}
