@@ -90,13 +90,30 @@ class VisionInputs:
         pad = torch.nn.functional.pad
         inputs = {name: pad(value, (0, completion_width)) for name, value in self.token_types.items()}
         for name in dict.fromkeys(name for row in self.images for name in row):
-            parts = [row[name] for row in self.images if name in row]
-            inputs[name] = torch.cat(parts) if len(parts) > 1 else parts[0]
+            inputs[name] = concat_padded([row[name] for row in self.images if name in row])
         return inputs
 
     @property
     def num_images(self) -> int:
         return sum(_images_in(row) for row in self.images)
+
+
+def concat_padded(parts: Sequence[Tensor]) -> Tensor:
+    """``parts`` concatenated along dim 0, each zero-padded at the end of its other dims to the largest:
+    LLaVA-Next's ``pixel_values`` are ``(images, crops, C, H, W)`` with the crops of one processor call
+    padded to its most; the model keeps each image's real crops (from ``image_sizes``)."""
+    if len(parts) == 1:
+        return parts[0]
+    shape = [max(sizes) for sizes in zip(*(part.shape[1:] for part in parts), strict=True)]
+    padded = []
+    for part in parts:
+        pad = [
+            amount
+            for size, most in zip(reversed(part.shape[1:]), reversed(shape), strict=True)
+            for amount in (0, most - size)
+        ]
+        padded.append(torch.nn.functional.pad(part, pad) if any(pad) else part)
+    return torch.cat(padded)
 
 
 def _images_in(row: Mapping[str, Tensor]) -> int:

@@ -20,7 +20,7 @@ from rloo.data.images import encode_image_prompts, image_column, image_messages,
 from rloo.data.loading import PROMPT_COLUMN, column_names
 
 # config.model_type of the vision-language families tested with images
-SUPPORTED_VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "gemma3", "llava", "llava_next")
+SUPPORTED_VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "llava", "llava_next")
 
 
 def base_model_of(model: Any) -> Any:

@@ -6,7 +6,7 @@ torchvision), a chat template that renders image content parts as the family's i
 placeholder, and a model of 2 text layers (hidden size 32) and a 1-layer vision tower, with
 weights re-drawn larger than the init so next-token distributions are peaked.
 
-Qwen2-VL / Qwen2.5-VL processors take a video processor, which needs torchvision: the test
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL processors take a video processor, which needs torchvision: the test
 processors subclass them without one (images only; rloo passes no videos).
 """
 
@@ -76,8 +76,9 @@ def _qwen_processor(base: type) -> type:
     class ImageOnlyProcessor(base):  # type: ignore[misc, valid-type]
         def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **_: Any):
             self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            self.vision_start_token, self.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+            for name in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
+                setattr(self, f"{name}_id", tokenizer.convert_tokens_to_ids(getattr(self, name)))
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     ImageOnlyProcessor.__name__ = base.__name__
@@ -120,6 +121,41 @@ def _qwen(version: str) -> tuple[Any, Any]:
     return processor, model_class(config)
 
 
+def _qwen3(version: str) -> tuple[Any, Any]:
+    """Qwen3-VL, or Qwen3.5 (its text model hybrid: a gated-delta linear-attention layer and an
+    attention layer); 16-pixel patches, a learned position grid, interleaved 3-D rotary sections."""
+    tokenizer = vision_tokenizer()
+    image_processor = transformers.Qwen2VLImageProcessorPil(
+        min_pixels=32 * 32, max_pixels=64 * 64, patch_size=16, merge_size=2, temporal_patch_size=2
+    )
+    processor = _qwen_processor(transformers.Qwen3VLProcessor)(
+        image_processor, tokenizer, chat_template=chat_template(QWEN_IMAGE)
+    )
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0, "mrope_interleaved": True}
+    text = {**GQA, "head_dim": 8, "vocab_size": len(tokenizer), "rope_parameters": rope}
+    text |= {"eos_token_id": tokenizer.eos_token_id, **_ids(tokenizer)}
+    vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 16}
+    vision |= {"spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32, "num_position_embeddings": 16}
+    if version == "3.5":
+        text |= {"layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4}
+        text |= {"linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2}
+        text |= {"linear_num_value_heads": 4}
+        config_class, model_class = transformers.Qwen3_5Config, transformers.Qwen3_5ForConditionalGeneration
+    else:
+        vision |= {"deepstack_visual_indexes": [0]}
+        config_class, model_class = transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration
+    config = config_class(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        vision_start_token_id=processor.vision_start_token_id,
+        vision_end_token_id=processor.vision_end_token_id,
+        tie_word_embeddings=False,
+    )
+    return processor, model_class(config)
+
+
 def _gemma3() -> tuple[Any, Any]:
     tokenizer = vision_tokenizer(GEMMA_TOKENS)
     image_processor = transformers.Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
@@ -149,12 +185,13 @@ def _llava(next_: bool) -> tuple[Any, Any]:
     fields = {"image_token_index": tokenizer.convert_tokens_to_ids("<image>"), "vision_feature_layer": -1}
     fields |= {"vision_feature_select_strategy": "default", "eos_token_id": tokenizer.eos_token_id}
     if next_:
-        image_processor = transformers.LlavaNextImageProcessorPil(image_grid_pinpoints=[[28, 56], [56, 28]], **size)
+        pinpoints = [[28, 28], [28, 56], [56, 28]]  # a square image gets 2 crops, a wide or tall one 3
+        image_processor = transformers.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints, **size)
         processor = transformers.LlavaNextProcessor(
             image_processor, tokenizer, chat_template=chat_template("<image>"), **common
         )
         config = transformers.LlavaNextConfig(
-            text_config=text, vision_config=CLIP, image_grid_pinpoints=[[28, 56], [56, 28]], **fields
+            text_config=text, vision_config=CLIP, image_grid_pinpoints=pinpoints, **fields
         )
         model_class = transformers.LlavaNextForConditionalGeneration
     else:
@@ -171,6 +208,8 @@ def _llava(next_: bool) -> tuple[Any, Any]:
 VISION_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
     "qwen2_5_vl": lambda: _qwen("2.5"),
     "qwen2_vl": lambda: _qwen("2"),
+    "qwen3_vl": lambda: _qwen3("3"),
+    "qwen3_5_vl": lambda: _qwen3("3.5"),
     "gemma3_vl": _gemma3,
     "llava": lambda: _llava(next_=False),
     "llava_next": lambda: _llava(next_=True),
