@@ -107,18 +107,22 @@ def _qwen(version: str) -> tuple[Any, Any]:
     else:
         vision |= {"embed_dim": 16, "mlp_ratio": 2, "hidden_size": 32}
         config_class, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
-    config = config_class(
+    config = _qwen_config(config_class, processor, text, vision, eos_token_id=tokenizer.eos_token_id, **_ids(tokenizer))
+    return processor, model_class(config)
+
+
+def _qwen_config(config_class: Any, processor: Any, text: Any, vision: Any, **fields: Any) -> Any:
+    """A Qwen-VL family's config, its image, video and vision start/end token ids the processor's."""
+    return config_class(
         text_config=text,
         vision_config=vision,
         image_token_id=processor.image_token_id,
         video_token_id=processor.video_token_id,
-        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-        vision_end_token_id=tokenizer.convert_tokens_to_ids("<|vision_end|>"),
-        eos_token_id=tokenizer.eos_token_id,
+        vision_start_token_id=processor.vision_start_token_id,
+        vision_end_token_id=processor.vision_end_token_id,
         tie_word_embeddings=False,
-        **_ids(tokenizer),
+        **fields,
     )
-    return processor, model_class(config)
 
 
 def _qwen3(version: str) -> tuple[Any, Any]:
@@ -144,16 +148,7 @@ def _qwen3(version: str) -> tuple[Any, Any]:
     else:
         vision |= {"deepstack_visual_indexes": [0]}
         config_class, model_class = transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration
-    config = config_class(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=processor.image_token_id,
-        video_token_id=processor.video_token_id,
-        vision_start_token_id=processor.vision_start_token_id,
-        vision_end_token_id=processor.vision_end_token_id,
-        tie_word_embeddings=False,
-    )
-    return processor, model_class(config)
+    return processor, model_class(_qwen_config(config_class, processor, text, vision))
 
 
 def _gemma3() -> tuple[Any, Any]:
