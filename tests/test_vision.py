@@ -96,6 +96,19 @@ def test_a_processor_that_cannot_load_is_named_at_start_up(tmp_path: Path) -> No
         make_trainer(tmp_path, image_rows(), str(tmp_path / "llava"))
 
 
+def test_an_eval_set_with_images_is_checked_at_start_up_and_evaluated_with_them(tmp_path: Path) -> None:
+    processor, model = build_vision("gemma3_vl")
+    text_rows = [{"prompt": [{"role": "user", "content": text}]} for text in PROMPTS]
+    bad = [{"prompt": text, "image": tiny_image(0)} for text in PROMPTS]
+    args = config(tmp_path, max_steps=1, eval_steps=1)
+    with pytest.raises(ValueError, match=r"row 0's prompt is plain text in a dataset with images"):
+        RLOOTrainer(model, token_id_sum, args, text_rows, {"pictures": bad}, processing_class=processor)
+    trainer = RLOOTrainer(model, token_id_sum, args, text_rows, image_rows(4), processing_class=processor)
+    images = trainer.evaluate()
+    blank = trainer.evaluate([row | {"image": tiny_image(99)} for row in image_rows(4)])
+    assert math.isfinite(images["eval_reward"]) and images != blank  # the eval prompts' images were seen
+
+
 def test_an_image_column_with_a_text_only_model_is_refused_at_start_up_by_model_class(tmp_path: Path) -> None:
     tokenizer = make_tokenizer()
     with pytest.raises(ValueError, match=r"`image` column but LlamaForCausalLM is a text-only model"):

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import inspect
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +97,22 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
 def load_processing_class(
     model: str | PreTrainedModel,
     processing_class: Any,
-    trust_remote_code: bool,
     policy: nn.Module,
-    dataset: Any,
-    template_kwargs: Mapping[str, Any] | None = None,
+    datasets: Sequence[Any],
+    args: Any,
 ) -> Any:
     """The tokenizer, or a vision-language policy's processor (given, or loaded with ``AutoProcessor``
-    when the dataset has an image column) with its tokenizer set up as :func:`load_tokenizer` does;
-    an image column the policy would not see is refused (:func:`check_image_inputs`)."""
+    when a dataset has an image column) with its tokenizer set up as :func:`load_tokenizer` does;
+    an image column the policy would not see is refused (:func:`check_image_inputs`). ``datasets``:
+    the train set and the eval set(s): None, one, or a dict of named ones; ``args``: the RLOOConfig
+    (``trust_remote_code``, ``chat_template_kwargs``)."""
+    trust_remote_code, template_kwargs = args.trust_remote_code, args.chat_template_kwargs
+    sets = [
+        data for item in datasets for data in (item.values() if isinstance(item, dict) else [item]) if data is not None
+    ]
     processor = processing_class if is_processor(processing_class) else None
-    if processing_class is None and is_vision_language(policy) and image_column(column_names(dataset)):
+    with_images = any(image_column(column_names(data)) for data in sets)
+    if processing_class is None and is_vision_language(policy) and with_images:
         source = model if isinstance(model, str) else str(getattr(policy.config, "name_or_path", ""))
         if not source:
             raise ValueError("the model instance has no name_or_path: pass its processor as processing_class")
@@ -114,7 +120,8 @@ def load_processing_class(
     if processor is not None:
         load_tokenizer(model, processor.tokenizer, trust_remote_code)
     result = processor if processor is not None else load_tokenizer(model, processing_class, trust_remote_code)
-    check_image_inputs(dataset, policy, result, template_kwargs)
+    for data in sets:
+        check_image_inputs(data, policy, result, template_kwargs)
     return result
 
 

@@ -109,9 +109,8 @@ class RLOOTrainer:
             beta=self.spec.beta,
             checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        self.processing_class = load_processing_class(
-            model, processing_class, args.trust_remote_code, policy, self.train_dataset, args.chat_template_kwargs
-        )
+        datasets = (self.train_dataset, self.eval_dataset)  # a processor when they hold images
+        self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
