@@ -87,6 +87,21 @@ def test_a_saved_vision_language_model_loads_with_its_processor_from_a_folder(tm
     assert math.isfinite(trainer.state.log_history[0]["loss"])
 
 
+def test_rloo_eval_scores_a_saved_vision_language_model_on_prompts_with_images(tmp_path: Path) -> None:
+    import datasets
+
+    from rloo.cli.evaluate import EvalSettings, evaluate_model
+    from rloo.rewards.calling import RewardFunctions
+
+    processor, model = build_vision("llava")
+    model.save_pretrained(tmp_path / "llava")
+    processor.save_pretrained(tmp_path / "llava")
+    data = datasets.Dataset.from_list(image_rows(4))
+    settings = EvalSettings(num_generations=2, max_completion_length=4, batch_size=4)
+    result = evaluate_model(str(tmp_path / "llava"), data, RewardFunctions([token_id_sum]), settings)
+    assert result["num_prompts"] == 4 and math.isfinite(result["sampled_mean_reward"])
+
+
 def test_a_processor_that_cannot_load_is_named_at_start_up(tmp_path: Path) -> None:
     _, model = build_vision("llava")
     model.save_pretrained(tmp_path / "llava")  # no processor files beside it

@@ -99,14 +99,15 @@ def load_processing_class(
     processing_class: Any,
     policy: nn.Module,
     datasets: Sequence[Any],
-    args: Any,
+    args: Any = None,
 ) -> Any:
     """The tokenizer, or a vision-language policy's processor (given, or loaded with ``AutoProcessor``
     when a dataset has an image column) with its tokenizer set up as :func:`load_tokenizer` does;
     an image column the policy would not see is refused (:func:`check_image_inputs`). ``datasets``:
     the train set and the eval set(s): None, one, or a dict of named ones; ``args``: the RLOOConfig
-    (``trust_remote_code``, ``chat_template_kwargs``)."""
-    trust_remote_code, template_kwargs = args.trust_remote_code, args.chat_template_kwargs
+    (``trust_remote_code``, ``chat_template_kwargs``; None: off, none)."""
+    trust_remote_code = bool(getattr(args, "trust_remote_code", False))
+    template_kwargs = getattr(args, "chat_template_kwargs", None)
     sets = [
         data for item in datasets for data in (item.values() if isinstance(item, dict) else [item]) if data is not None
     ]
