@@ -102,6 +102,24 @@ def test_rloo_eval_scores_a_saved_vision_language_model_on_prompts_with_images(t
     assert result["num_prompts"] == 4 and math.isfinite(result["sampled_mean_reward"])
 
 
+@pytest.mark.parametrize("family", ["text", "llava"])
+def test_a_peft_adapter_folder_loads_its_base_model_class(tmp_path: Path, family: str) -> None:
+    """Before: choosing the auto class read the folder's config.json, which an adapter folder lacks."""
+    from peft import LoraConfig, get_peft_model
+
+    from rloo.training.models import load_policy
+
+    model = make_model(make_tokenizer()) if family == "text" else build_vision(family)[1]
+    model.save_pretrained(tmp_path / "base")
+    adapted = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    adapted.peft_config["default"].base_model_name_or_path = str(tmp_path / "base")
+    adapted.save_pretrained(tmp_path / "adapter")
+    assert not (tmp_path / "adapter" / "config.json").exists()
+    loaded = load_policy(str(tmp_path / "adapter"), None)
+    assert type(loaded).__name__ == type(model).__name__
+    assert any("lora_" in name for name, _ in loaded.named_parameters())
+
+
 def test_a_processor_that_cannot_load_is_named_at_start_up(tmp_path: Path) -> None:
     _, model = build_vision("llava")
     model.save_pretrained(tmp_path / "llava")  # no processor files beside it

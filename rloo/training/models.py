@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import json
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -83,15 +84,33 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
     check_model_folder(model)
     kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
     try:
-        config = AutoConfig.from_pretrained(model, trust_remote_code=kwargs["trust_remote_code"])
-        auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-        loaded: PreTrainedModel = auto.from_pretrained(model, **kwargs)
+        loaded: PreTrainedModel = auto_model_class(model, kwargs["trust_remote_code"]).from_pretrained(model, **kwargs)
     except OSError as err:
         raise ValueError(
             f"could not load a causal LM from {model!r}: {err}. Give a local folder with config.json "
             "and weights, or a hub id reachable from this machine."
         ) from err
     return loaded
+
+
+def auto_model_class(model: str, trust_remote_code: bool) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model (its config has a ``vision_config``),
+    else ``AutoModelForCausalLM``. A PEFT adapter folder has no config.json: its base model's config
+    decides; one that cannot be read leaves it to ``AutoModelForCausalLM`` (as before images)."""
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        config = _adapter_base_config(model, trust_remote_code)
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+
+
+def _adapter_base_config(model: str, trust_remote_code: bool) -> Any:
+    adapter = Path(model).expanduser() / "adapter_config.json"
+    try:
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        return AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code) if base else None
+    except (OSError, ValueError):  # not a local adapter folder, or its base is out of reach
+        return None
 
 
 def load_processing_class(
