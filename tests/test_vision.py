@@ -181,11 +181,14 @@ def test_image_and_images_columns_together_are_refused(tmp_path: Path) -> None:
         make_trainer(tmp_path, data)
 
 
-def test_a_prompt_with_images_over_max_prompt_length_is_refused_not_cut() -> None:
+def test_a_prompt_with_images_over_max_prompt_length_is_refused_not_cut(tmp_path: Path) -> None:
     processor, _ = build_vision("llava")
     prompt = [{"role": "user", "content": "1+2="}]
     with pytest.raises(ValueError, match=r"prompt 0 is 20 tokens with its image tokens, over max_prompt_length=8"):
         encode_image_prompts([prompt], [[tiny_image(0)]], processor, max_prompt_length=8)
+    with pytest.raises(ValueError, match=r"over max_prompt_length=16; a prompt with images is not truncated"):
+        make_trainer(tmp_path, image_rows(), max_prompt_length=16)  # at start-up, the first row
+    assert not (tmp_path / "run").exists()
 
 
 def test_conversation_content_parts_are_valid_prompts_and_image_parts_place_the_images() -> None:

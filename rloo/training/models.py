@@ -124,9 +124,8 @@ def load_processing_class(
     when a dataset has an image column) with its tokenizer set up as :func:`load_tokenizer` does;
     an image column the policy would not see is refused (:func:`check_image_inputs`). ``datasets``:
     the train set and the eval set(s): None, one, or a dict of named ones; ``args``: the RLOOConfig
-    (``trust_remote_code``, ``chat_template_kwargs``; None: off, none)."""
+    (``trust_remote_code``, ``chat_template_kwargs``, ``max_prompt_length``; None: off, none, none)."""
     trust_remote_code = bool(getattr(args, "trust_remote_code", False))
-    template_kwargs = getattr(args, "chat_template_kwargs", None)
     sets = [
         data for item in datasets for data in (item.values() if isinstance(item, dict) else [item]) if data is not None
     ]
@@ -141,7 +140,7 @@ def load_processing_class(
         load_tokenizer(model, processor.tokenizer, trust_remote_code)
     result = processor if processor is not None else load_tokenizer(model, processing_class, trust_remote_code)
     for data in sets:
-        check_image_inputs(data, policy, result, template_kwargs)
+        check_image_inputs(data, policy, result, args)
     return result
 
 

@@ -77,10 +77,11 @@ def language_model_only(model: nn.Module, peft_config: Any) -> Any:
     return config
 
 
-def check_image_inputs(dataset: Any, policy: nn.Module, processing_class: Any, template_kwargs: Any = None) -> None:
+def check_image_inputs(dataset: Any, policy: nn.Module, processing_class: Any, args: Any = None) -> None:
     """Refuse, at start-up, an ``image``/``images`` column the policy would not see: a text-only
     model, a vision-language family not tested with images, or no processor; then check every row's
-    prompt against its image count and encode the first row with the processor."""
+    prompt against its image count and encode the first row with the processor (``args``: the
+    RLOOConfig's ``max_prompt_length`` and ``chat_template_kwargs`` apply; None: neither)."""
     names = column_names(dataset)
     name = image_column(names)
     if name is None:
@@ -107,7 +108,8 @@ def check_image_inputs(dataset: Any, policy: nn.Module, processing_class: Any, t
             image_messages(prompt, count, row)
         first = dataset[0]
         images = row_images({name: [first[name]]}, 0)
-        encode_image_prompts([first[PROMPT_COLUMN]], [images], processing_class, None, template_kwargs)
+        limit, template_kwargs = getattr(args, "max_prompt_length", None), getattr(args, "chat_template_kwargs", None)
+        encode_image_prompts([first[PROMPT_COLUMN]], [images], processing_class, limit, template_kwargs)
 
 
 def image_counts(dataset: datasets.Dataset, name: str) -> Sequence[int]:
