@@ -30,7 +30,8 @@ class Rollout:
 
     prompt_ids / prompt_mask: ``(N, Tp)`` left-padded. completion_ids: ``(N, Tc)``
     right-padded with the pad id after the first EOS. completion_mask: ``(N, Tc)`` float,
-    1 up to and including the first EOS. truncated: ``(N,)`` bool, no EOS within the limit.
+    1 up to and including the first EOS. truncated: ``(N,)`` bool, no EOS within the limit (or
+    ended before an image placeholder token, see :func:`generate_rollouts`).
     sampling_logprobs: ``(N, Tc)`` log-prob of each sampled token under the sampling policy
     (``log_softmax(logits / T)``), 0 where masked. group_ids: ``(N,)`` the prompt's id.
     vision: a vision-language policy's image inputs of the N rows (the K rows of a prompt share its
@@ -183,7 +184,7 @@ def generate_rollouts(
     attention = prompt_mask_k
     next_position = attention.sum(dim=1, keepdim=True)
     eos = torch.tensor(list(eos_token_ids), device=device)
-    placeholders = torch.tensor(placeholder_token_ids(model) if vision is not None else [], device=device)
+    placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
     finished = torch.zeros(ids.shape[0] * k, dtype=torch.bool, device=device)
     cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
     lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
