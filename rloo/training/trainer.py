@@ -28,7 +28,7 @@ from accelerate.utils import set_seed
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
@@ -50,7 +50,7 @@ from rloo.training.guards import SKIPPED_STEP, require_finite_weights
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.hub import push_run
 from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
-from rloo.training.models import count_parameters, load_tokenizer, prepare_policy, resolve_mixed_precision
+from rloo.training.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.optimization import build_optimizer, total_steps
 from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
@@ -80,7 +80,7 @@ class RLOOTrainer:
         args: RLOOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
+        processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
         reward_processing_classes: Any = None,
         peft_config: Any = None,
         callbacks: list[Any] | None = None,
@@ -109,7 +109,8 @@ class RLOOTrainer:
             beta=self.spec.beta,
             checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        self.processing_class = load_tokenizer(model, processing_class, args.trust_remote_code)
+        datasets = (self.train_dataset, self.eval_dataset)  # a processor when they hold images
+        self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
