@@ -12,6 +12,12 @@ is measured every ``--eval-every`` steps on ``--eval-problems`` problems. Result
 ``benchmarks/learning/results.json`` and a table on stdout; ``--plot`` draws the curves
 (accuracy vs generated completions) to ``benchmarks/learning/curves.png``.
 
+Every run also measures the variance of its policy-gradient estimate every
+``--grad-variance-every`` steps (the trainer's ``log_grad_variance``): each run records the
+``grad_var/*`` metrics averaged over the measured batches, and its variance reduction against no
+baseline with :func:`rloo.algo.variance.variance_reduction`, the formula ``rloo bandit`` and the
+trainer use (README: Live diagnostics).
+
 Deterministic for a machine: budgets are counted in steps and every completion is seeded.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -82,6 +89,7 @@ def run_one(
             logging_steps=options.steps,
             save_steps=options.steps + 1,
             health_thresholds={"reward_collapse": 0},
+            log_grad_variance=options.grad_variance_every,
             seed=knobs.pop("seed"),
             **knobs,
         )
@@ -103,7 +111,20 @@ def run_one(
         "curve": [(step * completions_per_step, accuracy) for step, accuracy in curve.points],
         "final": curve.points[-1][1],
         "seconds": seconds,
+        **gradient_variance(trainer.state.log_history),
     }
+
+
+def gradient_variance(log_history: list[dict[str, float]]) -> dict[str, Any]:
+    """``grad_var``: each ``grad_var/*`` metric averaged over the measured batches (the run logs once,
+    at its end, so its one training log holds those means); ``variance_reduction``:
+    ``1 - Var[used] / Var[none]`` of those means (None when not measured)."""
+    from rloo.algo.variance import variance_reduction
+
+    logged = next(row for row in reversed(log_history) if "reward" in row)
+    grad_var = {key.removeprefix("grad_var/"): value for key, value in logged.items() if key.startswith("grad_var/")}
+    reduction = variance_reduction(grad_var["used"], grad_var["none"]) if "used" in grad_var else None
+    return {"grad_var": grad_var, "variance_reduction": reduction}
 
 
 def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
@@ -114,8 +135,8 @@ def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
 def table(results: list[dict[str, Any]], threshold: float) -> str:
     rows = [
         "| estimator | K | final accuracy (mean, min-max over seeds) | completions to reach "
-        f"{threshold:.0%} (median) |",
-        "|---|---|---|---|",
+        f"{threshold:.0%} (median) | variance reduction vs no baseline (mean) |",
+        "|---|---|---|---|---|",
     ]
     keys = sorted({(r["estimator"], r["k"]) for r in results}, key=lambda x: (ESTIMATORS.index(x[0]), x[1]))
     for estimator, k in keys:
@@ -123,8 +144,13 @@ def table(results: list[dict[str, Any]], threshold: float) -> str:
         finals = [r["final"] for r in runs]
         reached = [s for r in runs if (s := steps_to(r["curve"], threshold)) is not None]
         median = f"{statistics.median(reached):,.0f} ({len(reached)}/{len(runs)} runs)" if reached else "never"
+        # None: not measured; NaN: no variance to reduce (every reward equal)
+        reductions = [r["variance_reduction"] for r in runs if r.get("variance_reduction") is not None]
+        finite = [value for value in reductions if not math.isnan(value)]
+        reduction = f"{statistics.mean(finite):.1%}" if finite else ("no variance" if reductions else "not measured")
         rows.append(
-            f"| {estimator} | {k} | {statistics.mean(finals):.1%} ({min(finals):.1%}-{max(finals):.1%}) | {median} |"
+            f"| {estimator} | {k} | {statistics.mean(finals):.1%} ({min(finals):.1%}-{max(finals):.1%}) | {median} "
+            f"| {reduction} |"
         )
     return "\n".join(rows)
 
@@ -162,6 +188,9 @@ def main() -> None:
     parser.add_argument("--eval-problems", type=int, default=300)
     parser.add_argument("--threshold", type=float, default=0.55)
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument(
+        "--grad-variance-every", type=int, default=50, help="log_grad_variance of every run, in steps (0: off)"
+    )
     options = parser.parse_args()
     estimators, ks, seeds = ESTIMATORS, (2, 4, 8), (0, 1, 2)
     if options.quick:

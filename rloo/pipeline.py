@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rloo.data.prompts import encode_prompts, is_conversational, repeat_per_completion
+from rloo.data.images import encode_image_prompts, image_column, is_processor, row_images
+from rloo.data.prompts import TokenizedPrompts, encode_prompts, is_conversational, repeat_per_completion
+from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
@@ -97,6 +99,25 @@ class ScoredRollout:
     score_seconds: float
 
 
+def encode_batch(
+    processing_class: Any, prompts: Sequence[Any], columns: Mapping[str, Sequence[Any]], settings: RolloutSettings
+) -> tuple[TokenizedPrompts, VisionInputs | None]:
+    """Token ids of ``prompts`` and, with an ``image``/``images`` column, their image inputs (the
+    processor renders and encodes them); text prompts through the tokenizer."""
+    if image_column(list(columns)) is None:
+        tokenizer = processing_class.tokenizer if is_processor(processing_class) else processing_class
+        return encode_prompts(list(prompts), tokenizer, settings.max_prompt_length, settings.chat_template_kwargs), None
+    if not is_processor(processing_class):
+        raise ValueError(
+            f"the prompts have an image column but the processing class is a {type(processing_class).__name__}; "
+            "pass the model's processor (AutoProcessor.from_pretrained(...)) as processing_class"
+        )
+    images = [row_images(columns, index) for index in range(len(prompts))]
+    return encode_image_prompts(
+        prompts, images, processing_class, settings.max_prompt_length, settings.chat_template_kwargs
+    )
+
+
 def generate_and_score(
     model: nn.Module,
     tokenizer: Any,
@@ -115,6 +136,7 @@ def generate_and_score(
     """Sample ``settings.num_generations`` completions for each prompt and score them.
 
     Args:
+        tokenizer: the tokenizer, or a vision-language model's processor (needed for image columns).
         prompts: P raw dataset prompts (text or conversations). columns: the other dataset
             columns, one value per prompt (repeated here for each completion).
         group_ids: one id per prompt (default ``0..P-1``): the ids advantages group by.
@@ -128,7 +150,8 @@ def generate_and_score(
     The model samples in eval mode (no dropout) and is put back in the mode it was in.
     """
     k = settings.num_generations
-    tokenized = encode_prompts(list(prompts), tokenizer, settings.max_prompt_length, settings.chat_template_kwargs)
+    tokenized, vision = encode_batch(tokenizer, prompts, columns, settings)
+    tokenizer = tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
     stop = StopStrings(tokenizer, settings.stop_strings) if settings.stop_strings else None
     groups = list(range(len(prompts))) if group_ids is None else list(group_ids)
     start = time.perf_counter()
@@ -148,6 +171,7 @@ def generate_and_score(
                 generator=generator,
                 sampling_seed=sampling_seed,
                 stop=stop,
+                vision=vision,
                 all_done=all_done,
             )
     finally:

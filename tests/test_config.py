@@ -79,6 +79,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"weight_decay": -1.0}, "weight_decay", -1.0, "must be >= 0"),
     ({"optim": "adamw_torh"}, "optim", "adamw_torh", "; did you mean `adamw_torch`?"),
     ({"optim": "lion"}, "optim", "lion", "choose one of ['adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd'"),
+    ({"optim": "sgd", "optim_args": "momentum"}, "optim_args", "momentum", "is not key=value"),
     ({"fp16": True, "bf16": True}, "fp16", True, "fp16 and bf16 are both True; choose one"),
     ({"max_steps": 0}, "max_steps", 0, "or -1 to train for num_train_epochs"),
     ({"max_steps": -2}, "max_steps", -2, "or -1 to train for num_train_epochs"),
@@ -133,9 +134,10 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"eval_strategy": "often"}, "eval_strategy", "often", "choose one of ['steps', 'epoch', 'no']"),
     ({"save_strategy": "best"}, "save_strategy", "best", "choose one of ['steps', 'epoch', 'no']"),
     ({"num_generations_eval": 0}, "num_generations_eval", 0, "or None for num_generations"),
-    ({"report_to": ["tensorboard", "mlflow"]}, "report_to", ["tensorboard", "mlflow"], "'wandb'"),
-    ({"report_to": "mlflow"}, "report_to", ["mlflow"], "each entry must be one of"),
+    ({"report_to": ["tensorboard", "mlfow"]}, "report_to", ["tensorboard", "mlfow"], "'mlflow'"),
+    ({"report_to": "neptune"}, "report_to", ["neptune"], "each entry must be one of"),
     ({"num_completions_to_print": -1}, "num_completions_to_print", -1, "must be >= 0"),
+    ({"log_grad_variance": -1}, "log_grad_variance", -1, "must be >= 0 (steps between measurements; 0 = off)"),
 ]
 
 

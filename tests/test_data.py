@@ -138,7 +138,10 @@ def test_missing_prompt_column_lists_columns_and_suggests_rename() -> None:
         (["hi"], "message 0 is a str, expected a dict with `role` and `content`"),
         ([{"role": "user"}], "message 0 `content` is missing; expected a str"),
         ([{"role": 3, "content": "b"}], "message 0 `role` is a int; expected a str"),
-        ([{"role": "user", "content": [{"type": "text"}]}], "message 0 `content` is a list; expected a str"),
+        ([{"role": "user", "content": 3}], "message 0 `content` is a int; expected a str or a list of content parts"),
+        ([{"role": "user", "content": [{"type": "text"}]}], "message 0 content part 0 is a text part without a str"),
+        ([{"role": "user", "content": [{"type": "video"}]}], "message 0 content part 0 is {'type': 'video'}; expected"),
+        ([{"role": "user", "content": []}], "message 0 `content` is an empty list of parts"),
     ],
 )
 def test_invalid_prompt_says_what_is_wrong(bad: object, problem: str) -> None:

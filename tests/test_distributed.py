@@ -73,7 +73,7 @@ def test_data_parallel_engines_run_unsharded() -> None:
 # ---------------------------------------------------------------------------- the update
 def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) -> None:
     """Every loss aggregation mode, advantage normalization off and on, and a batch-mean baseline
-    (reinforce_pp): same parameters after two steps, same logged metrics."""
+    (reinforce_pp): same parameters after two steps, same logged metrics (the gradient variance too)."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert_ok(python("tests/helpers/dist_runs.py", str(one)))
     assert_ok(torchrun("tests/helpers/dist_runs.py", str(two)))
@@ -81,6 +81,8 @@ def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) ->
         name = case_name(*case)
         assert max_param_diff(one / f"{name}.safetensors", two / f"{name}.safetensors") < PARAM_ATOL, name
         assert_same_metrics(metrics(one / f"{name}.json"), metrics(two / f"{name}.json"))
+        if case[2] in ("reinforce_pp", "lora+eval"):  # log_grad_variance: over both processes' groups
+            assert all(row["grad_var/groups"] == 4.0 for row in metrics(two / f"{name}.json") if "reward" in row)
 
 
 # ---------------------------------------------------------------------------- the CLI, end to end

@@ -98,7 +98,7 @@ def test_fsdp_settings_and_what_is_refused() -> None:
     with pytest.raises(ValueError, match="XLA, which rloo does not support"):
         check_engine(DistributedType.XLA, {})
     two_processes = SimpleNamespace(num_processes=2)
-    for name in ("sync_ref_model", "torch_compile", "fp16"):
+    for name in ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance"):
         args = SimpleNamespace(**{"sync_ref_model": False, "torch_compile": False, "fp16": False, name: True})
         with pytest.raises(ValueError, match=f"{name} not supported with FSDP"):
             prepare_training(two_processes, torch.nn.Linear(2, 2), None, args, 1, ShardingSettings())

@@ -15,6 +15,7 @@ config). RecurrentGemma returns no cache and is refused by name.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,15 @@ from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, Lin
 
 import rloo.generation.rollout as rollout_module
 from rloo import RLOOTrainer
+from rloo.data.images import encode_image_prompts, image_messages
 from rloo.generation.kv_cache import share_prefill, unshareable_layers
 from rloo.generation.logprobs import completion_logprobs
+from rloo.generation.multimodal import VisionInputs, placeholder_token_ids
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams
+from rloo.training.passes import no_grad_logprobs
 from tests.helpers.models import config, dataset, make_tokenizer, params, token_id_sum
+from tests.helpers.vision import VISION_FAMILIES, build_vision, tiny_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -154,7 +159,9 @@ def prompt_ids(tokenizer: Any) -> list[list[int]]:
     return [tokenizer.encode(text) for text in PROMPTS]
 
 
-def sample(model: Any, prompt_ids: list[list[int]], tokenizer: Any, temperature: float, k: int = 3) -> Rollout:
+def sample(
+    model: Any, prompt_ids: list[list[int]], tokenizer: Any, temperature: float, k: int = 3, vision: Any = None
+) -> Rollout:
     return generate_rollouts(
         model,
         prompt_ids,
@@ -165,6 +172,7 @@ def sample(model: Any, prompt_ids: list[list[int]], tokenizer: Any, temperature:
         eos_token_ids=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
         sampling_seed=0,
+        vision=vision,
     )
 
 
@@ -253,6 +261,13 @@ def test_lora_with_beta_trains_against_adapters_disabled(
     # peft refuses LoRA on a Mamba mixer's out_proj (its fused kernels read the weight directly)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=["out_proj"], lora_dropout=0.0)
     trainer = family_trainer(family, tokenizer, tmp_path, peft_config=lora, beta=0.1, max_steps=2)
+    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id, CPU)
+    train_lora_against_adapters_disabled(trainer, build(family, tokenizer), {"input_ids": ids, "attention_mask": mask})
+
+
+def train_lora_against_adapters_disabled(trainer: RLOOTrainer, base_model: Any, inputs: dict[str, Any]) -> None:
+    """Two LoRA steps with beta > 0 train the adapters only, against the policy with adapters disabled,
+    which (on ``inputs``) is exactly ``base_model``."""
     assert trainer.ref_model is None  # the reference is the policy with its adapters disabled
     policy = trainer.unwrapped_model
     before = params(policy)
@@ -261,13 +276,12 @@ def test_lora_with_beta_trains_against_adapters_disabled(
     assert changed and all("lora_" in name for name in changed)
     kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
     assert len(kl) == 2 and all(math.isfinite(value) for value in kl)
-    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id, CPU)
     policy.eval()
     with torch.no_grad():
         with policy.disable_adapter():
-            reference = policy(input_ids=ids, attention_mask=mask).logits
-        base = build(family, tokenizer)(input_ids=ids, attention_mask=mask).logits
-        trained = policy(input_ids=ids, attention_mask=mask).logits
+            reference = policy(**inputs).logits
+        base = base_model(**inputs).logits
+        trained = policy(**inputs).logits
     torch.testing.assert_close(reference, base, atol=1e-5, rtol=0)  # adapters off: exactly the base model
     assert not torch.allclose(trained, base, atol=1e-4)  # adapters on: the trained policy
 
@@ -334,3 +348,155 @@ def test_a_cache_or_layer_it_does_not_know_is_left_untouched() -> None:
     subclassed = OtherCache()
     subclassed.layers = [known]
     assert unshareable_layers(subclassed) == ["OtherCache"] and not share_prefill(subclassed, 3)
+
+
+# ---------------------------------------------------------------------------- vision-language families
+# Qwen2.5-VL and Qwen2-VL (3-D rotary positions, flattened patches), Gemma3 (bidirectional image
+# attention through token_type_ids), LLaVA and LLaVA-Next (several crops per image, image_sizes);
+# prompts of one image or two (a row of `images`) of different sizes, so rows hold different numbers
+# of image tokens and patches.
+VISION_PROMPTS = [[{"role": "user", "content": text}] for text in PROMPTS]
+VISION_IMAGES = [
+    [tiny_image(0)],
+    [tiny_image(1, (56, 28))],
+    [tiny_image(2, (28, 56)), tiny_image(3)],
+    [tiny_image(4, (56, 56))],
+]
+
+
+def encode_vision(processor: Any, images: list[list[Any]] = VISION_IMAGES) -> tuple[list[list[int]], VisionInputs]:
+    tokenized, vision = encode_image_prompts(VISION_PROMPTS, images, processor, None)
+    return tokenized.ids, vision
+
+
+def sample_vision(model: Any, processor: Any, temperature: float, k: int = 3) -> Rollout:
+    ids, vision = encode_vision(processor)
+    return sample(model, ids, processor.tokenizer, temperature, k, vision)
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_tokenizer_round_trips_text_and_prompts_encode_as_the_processor_batch(family: str) -> None:
+    processor, _ = build_vision(family)
+    tokenizer = processor.tokenizer
+    text = "<user>10+11=?<assistant>21 abc\n"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    ids, vision = encode_vision(processor)
+    texts = [
+        processor.apply_chat_template(image_messages(p, len(i), 0), tokenize=False)
+        for p, i in zip(VISION_PROMPTS, VISION_IMAGES, strict=True)
+    ]
+    batch = processor(text=texts, images=VISION_IMAGES, padding=True, return_tensors="pt", add_special_tokens=False)
+    padded, mask = left_pad(ids, tokenizer.pad_token_id, CPU)
+    assert torch.equal(padded, batch["input_ids"]) and torch.equal(mask, batch["attention_mask"])
+    for name, value in vision.model_inputs().items():  # one prompt at a time == the batch, patches in order
+        torch.testing.assert_close(value, batch[name], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_greedy_sampling_equals_generate_with_the_same_pixel_inputs(family: str) -> None:
+    processor, model = build_vision(family)
+    rollout = sample_vision(model, processor, temperature=0.0, k=2)
+    ids, vision = encode_vision(processor)
+    padded, mask = left_pad(ids, processor.tokenizer.pad_token_id, CPU)
+    generated = model.generate(
+        input_ids=padded,
+        attention_mask=mask,
+        **vision.model_inputs(),
+        do_sample=False,
+        max_new_tokens=8,
+        pad_token_id=processor.tokenizer.pad_token_id,
+        eos_token_id=processor.tokenizer.eos_token_id,
+    )[:, padded.shape[1] :]
+    placeholders = placeholder_token_ids(model)
+    for ours, length, cut, theirs in zip(
+        rollout.completion_ids[::2].tolist(),
+        rollout.completion_mask[::2].sum(dim=1).int().tolist(),
+        rollout.truncated[::2].tolist(),
+        generated.tolist(),
+        strict=True,
+    ):
+        assert ours[:length] == theirs[:length]
+        if length < 8 and cut:  # ended before an image placeholder token generate went on with
+            assert theirs[length] in placeholders
+    assert torch.equal(rollout.completion_ids[1::2], rollout.completion_ids[::2])
+    assert len({tuple(row) for row in generated.tolist()}) > 1, "the prompts should not all decode alike"
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_sampling_logprobs_equal_a_forward_pass_with_the_pixel_inputs(family: str) -> None:
+    processor, model = build_vision(family)
+    rollout = sample_vision(model, processor, temperature=1.0)
+    real = rollout.completion_mask.bool()
+    assert int(real.sum()) > len(VISION_PROMPTS) * 3
+    with torch.no_grad():  # passes of 2 rows, longest first: each pass selects its rows' images and patches
+        forward = no_grad_logprobs(model, rollout, 1.0, max_rows=2)
+        other = [[tiny_image(10 + index, image.size) for index, image in enumerate(row)] for row in VISION_IMAGES]
+        swapped = dataclasses.replace(rollout, vision=encode_vision(processor, other)[1].repeat(3))  # same sizes
+        wrong = no_grad_logprobs(model, swapped, 1.0, max_rows=2)
+    torch.testing.assert_close(rollout.sampling_logprobs[real], forward[real], atol=1e-4, rtol=0)
+    assert not torch.allclose(rollout.sampling_logprobs[real], wrong[real], atol=1e-2), "the images must matter"
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_one_prefill_shared_by_k_samples_equals_k_prefills(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    processor, model = build_vision(family)
+    shared = sample_vision(model, processor, temperature=1.0)
+    monkeypatch.setattr(rollout_module, "share_prefill", lambda cache, repeats: False)
+    unshared = sample_vision(model, processor, temperature=1.0)
+    assert shared.completion_ids.tolist() == unshared.completion_ids.tolist()
+    torch.testing.assert_close(shared.sampling_logprobs, unshared.sampling_logprobs, atol=1e-5, rtol=0)
+
+
+def vision_dataset(n: int = 8) -> list[dict[str, Any]]:
+    return [{"prompt": VISION_PROMPTS[i % 4], "images": VISION_IMAGES[i % 4]} for i in range(n)]
+
+
+def vision_trainer(family: str, tmp_path: Path, reward: Any = token_id_sum, **overrides: Any) -> RLOOTrainer:
+    processor, model = build_vision(family)
+    peft_config = overrides.pop("peft_config", None)
+    return RLOOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config(tmp_path, **{"max_steps": 1, "learning_rate": 1e-2, **overrides}),
+        train_dataset=vision_dataset(),
+        processing_class=processor,
+        peft_config=peft_config,
+    )
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_rloo_trains_with_images_and_the_reference_sees_them(family: str, tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    def reward(completion_ids: list[list[int]], images: list[Any], **kwargs: Any) -> list[float]:
+        seen.extend(images)
+        return token_id_sum(completion_ids)
+
+    trainer = vision_trainer(family, tmp_path, reward, beta=0.1)
+    assert trainer.ref_model is not None
+    before = params(trainer.unwrapped_model)
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["step"] == 1 and math.isfinite(logged["loss"]) and logged["grad_norm"] > 0, logged
+    # the reference (the policy's copy at step 0) scored the samples with the same pixel inputs: KL 0
+    assert abs(logged["kl"]) < 1e-5, logged
+    changed = {name for name, value in params(trainer.unwrapped_model).items() if not torch.equal(before[name], value)}
+    assert changed
+    # the reward got each completion's row images: 2 prompts x K=4, a prompt's 4 completions alike
+    pixels = [[image.tobytes() for image in images] for images in seen]
+    assert len(pixels) == 8 and all(pixels[i] == pixels[i - i % 4] for i in range(8))
+    assert {tuple(row) for row in pixels} <= {tuple(image.tobytes() for image in row) for row in VISION_IMAGES}
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_lora_with_beta_trains_the_language_model_only(family: str, tmp_path: Path) -> None:
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+    trainer = vision_trainer(family, tmp_path, peft_config=lora, beta=0.1, max_steps=2)
+    lora_modules = {name for name, _ in trainer.unwrapped_model.named_parameters() if "lora_" in name}
+    assert lora_modules and all(".language_model." in name for name in lora_modules), sorted(lora_modules)[:5]
+    ids, vision = encode_vision(trainer.processing_class)
+    padded, mask = left_pad(ids, trainer.processing_class.tokenizer.pad_token_id, CPU)
+    inputs = {"input_ids": padded, "attention_mask": mask, **vision.model_inputs()}
+    train_lora_against_adapters_disabled(trainer, build_vision(family)[1], inputs)

@@ -210,3 +210,16 @@ def test_completions_written_by_the_trainer_format(tmp_path: Path) -> None:
 def test_import_stays_light() -> None:
     code = "import sys, rloo.cli.report; assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gradient_variance_is_drawn_when_logged_and_left_out_silently_when_not(tmp_path: Path) -> None:
+    rows = [{"step": float(s), "reward": 0.1 * s, "reward_std": 0.2} for s in range(1, 6)]
+    for row in rows[1::2]:  # measured every 2 steps
+        row.update({"grad_var/used": 0.5, "grad_var/none": 2.0, "grad_var/rloo": 0.5, "grad_var/grpo": 9.0})
+        row["grad_var/reduction_vs_none"] = 0.75
+    text = _minimal_run(tmp_path / "on", rows).read_text()
+    assert text.count("<img") == 3
+    assert 'alt="Gradient variance per estimator (log_grad_variance)"' in text
+    assert 'alt="Variance reduction vs no baseline: 1 - Var[used] / Var[none]"' in text
+    off = _minimal_run(tmp_path / "off", [{"step": 1.0, "reward": 0.5}]).read_text()
+    assert "log_grad_variance" not in off and "Learning signal" not in off  # opt-in: no note either

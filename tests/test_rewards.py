@@ -269,6 +269,8 @@ def test_every_builtin_resolves_with_a_meaningful_name() -> None:
         "think_format": "think_format",
         "length": "length",
         "code_execution": "code_execution",
+        "reasoning_accuracy": "reasoning_accuracy",
+        "soft_overlong_punishment": "soft_overlong_punishment",
     }
     assert set(BUILTIN_REWARDS) == {*names, "reward_model"}
 
@@ -338,8 +340,8 @@ def test_resolve_unknown_name_suggests_and_lists_builtins() -> None:
     with pytest.raises(ValueError, match=r"unknown reward `acuracy`; did you mean `accuracy`\?") as info:
         resolve_reward("acuracy")
     builtins = (
-        "accuracy, exact_match, string_match, format, think_answer_format, think_format, length, code_execution, "
-        "reward_model"
+        "accuracy, reasoning_accuracy, exact_match, string_match, format, think_answer_format, think_format, length, "
+        "soft_overlong_punishment, code_execution, reward_model"
     )
     assert builtins in str(info.value)
     with pytest.raises(ValueError, match=r"unknown reward `zzz`\. Built-in rewards"):
@@ -391,3 +393,26 @@ def test_a_reward_needing_one_of_two_columns_is_checked_when_the_trainer_is_buil
         check_reward_arguments(funcs, ["accuracy"], ["prompt"])
     with pytest.raises(ValueError, match="requires argument\\(s\\) answer"):  # a wrapped builtin keeps its signature
         check_reward_arguments([resolve_reward("exact_match")], ["exact_match"], ["prompt"])
+
+
+def test_soft_overlong_punishment_follows_dapo_eq_13_by_hand() -> None:
+    # L_max = 10, L_cache = 4: free up to 6 tokens, then -1/4 per token, -1 past 10
+    reward = resolve_reward({"name": "soft_overlong_punishment", "max_completion_len": 10, "soft_punish_cache": 4})
+    lengths = [0, 6, 7, 8, 10, 11, 30]
+    assert reward(completion_ids=[[1] * n for n in lengths]) == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]
+    hard = resolve_reward({"name": "soft_overlong_punishment", "max_completion_len": 3, "soft_punish_cache": 0})
+    assert hard(completion_ids=[[1] * 3, [1] * 4]) == [0.0, -1.0]
+    with pytest.raises(ValueError, match="0 <= soft_punish_cache <= max_completion_len"):
+        resolve_reward({"name": "soft_overlong_punishment", "max_completion_len": 3, "soft_punish_cache": 5})
+
+
+def test_reasoning_accuracy_scores_only_the_text_after_the_reasoning() -> None:
+    reward = resolve_reward("reasoning_accuracy")
+    completions = [
+        "<think>maybe 5</think> so 7",  # the answer after </think> is right
+        "<think>it is 7</think> so 5",  # 7 only inside the reasoning: wrong
+        "<think>still thinking about 7",  # reasoning never ends: 0, as TRL
+        [{"role": "assistant", "content": "<think>x</think>\\boxed{7}"}],
+    ]
+    assert reward(completions=completions, solution=["7"] * 4) == [1.0, 0.0, 0.0, 1.0]
+    assert reward(completions=["<think></think> 7"], answer=["no number"]) == [None]  # gold unparseable: skip

@@ -15,7 +15,8 @@ import torch
 
 from rloo.algo.stats import entropy_from_logits
 from rloo.generation.logprobs import completion_logprobs, token_logprobs_and_entropy
-from rloo.generation.rollout import Rollout, generate_rollouts, left_pad, position_ids_from_mask
+from rloo.generation.multimodal import position_ids_from_mask
+from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams
 
 TEXTS = ["hello world", "ab", "x = 1 + 2?", "Q"]  # different lengths: left padding differs per row

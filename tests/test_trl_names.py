@@ -17,7 +17,7 @@ from transformers.training_args import OptimizerNames
 from rloo.cli.run_file import load_run_file
 from rloo.config import RLOOConfig
 from rloo.config.legacy import REFUSED, RENAMED
-from rloo.config.validation import OPTIMIZERS
+from rloo.config.optimizers import OPTIMIZERS
 from rloo.training.models import bf16_supported, resolve_mixed_precision
 from rloo.training.optimization import build_optimizer
 from tests.helpers.cli import invoke
@@ -481,3 +481,42 @@ def test_greater_is_better_false_keeps_the_lowest(tmp_path: Path) -> None:
         best.observe(state, {"eval_reward": 1.0}, write, lambda work: work())
     with pytest.raises(ValueError, match="load_best_model_at_end=True is invalid: it needs evaluations"):
         RLOOConfig(load_best_model_at_end=True)
+
+
+@pytest.mark.parametrize(
+    ("optim", "optim_args", "expected"),
+    [
+        ("sgd", "momentum=0.9,nesterov=true", {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+        (
+            "sgd",
+            "momentum=0.5, dampening=0.1, weight_decay=0.2",
+            {"momentum": 0.5, "dampening": 0.1, "weight_decay": 0.2},
+        ),
+        ("adagrad", "lr_decay=0.01,eps=1e-6", {"lr_decay": 0.01, "eps": 1e-6}),
+        ("rmsprop", "alpha=0.9,centered=1,momentum=0.3", {"alpha": 0.9, "centered": True, "momentum": 0.3}),
+    ],
+)
+def test_optim_args_reach_the_optimizer_as_transformers_reads_them(
+    optim: str, optim_args: str, expected: dict[str, Any]
+) -> None:
+    config = RLOOConfig(optim=optim, optim_args=optim_args, learning_rate=1e-3, weight_decay=0.01)
+    optimizer, _ = build_optimizer(torch.nn.Linear(3, 2), config, max_steps=10)
+    group = optimizer.param_groups[0]
+    assert {key: group[key] for key in expected} == expected
+    assert group["lr"] == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("optim", "optim_args", "message"),
+    [
+        ("adamw_torch", "eps=1e-6", "optim='adamw_torch' takes no optim_args"),
+        ("sgd", "momentun=0.9", "sgd reads ['momentum', 'dampening', 'weight_decay', 'nesterov'], not 'momentun'"),
+        ("sgd", "momentum", "'momentum' is not key=value"),
+        ("sgd", "momentum=fast", "momentum is a number, got 'fast'"),
+        ("rmsprop", "centered=maybe", "centered is true or false, got 'maybe'"),
+    ],
+)
+def test_bad_optim_args_are_refused_naming_the_field(optim: str, optim_args: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"RLOOConfig.optim_args={optim_args!r} is invalid")) as error:
+        RLOOConfig(optim=optim, optim_args=optim_args)
+    assert message in str(error.value)

@@ -57,11 +57,11 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     completion among ``num_generations``.
     """
     from rloo.data.prompts import gather_columns
-    from rloo.training.models import load_policy, load_tokenizer
+    from rloo.training.models import load_policy, load_processing_class
 
     policy: Any = load_policy(model, None)
     policy.to("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = load_tokenizer(model, None)
+    tokenizer = load_processing_class(model, None, policy, [data])  # a processor for prompts with images
     rewards.to(policy.device)
     generator = torch.Generator(device=policy.device).manual_seed(settings.seed)
     greedy_settings = RolloutSettings(

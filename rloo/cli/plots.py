@@ -23,6 +23,7 @@ class Plot:
     bands: dict[str, str] = field(default_factory=dict)
     log_scale: bool = False
     from_zero: bool = False  # counts and fractions: the y axis starts at 0
+    optional: bool = False  # an opt-in diagnostic: left out without a note when not logged
 
 
 def _plots(logged: set[str]) -> list[Plot]:
@@ -59,6 +60,26 @@ def _plots(logged: set[str]) -> list[Plot]:
         Plot("Learning rate", ("learning_rate",), "no learning_rate logged"),
         Plot("Gradient norm (before clipping)", ("grad_norm",), "no grad_norm logged", log_scale=True),
         Plot(
+            "Learning signal: tokens with a non-zero advantage, groups with equal rewards",
+            ("frac_tokens_nonzero_advantage", "frac_reward_zero_std"),
+            "no frac_tokens_nonzero_advantage logged",
+            from_zero=True,
+            optional=True,  # runs before it was logged
+        ),
+        Plot(
+            "Gradient variance per estimator (log_grad_variance)",
+            tuple(f"grad_var/{name}" for name in ("used", "none", "group_mean", "rloo", "grpo")),
+            "log_grad_variance is off",
+            log_scale=True,
+            optional=True,
+        ),
+        Plot(
+            "Variance reduction vs no baseline: 1 - Var[used] / Var[none]",
+            ("grad_var/reduction_vs_none",),
+            "log_grad_variance is off",
+            optional=True,
+        ),
+        Plot(
             "Eval reward (mean ± std)",
             ("eval_reward",),
             "no eval_reward logged (needs eval_dataset and eval_steps)",
@@ -80,6 +101,8 @@ def render_plots(rows: Rows) -> tuple[list[tuple[str, str]], list[str]]:
     for plot in _plots(logged):
         keys = [key for key in plot.keys if key in logged]
         if not keys:
+            if plot.optional:
+                continue
             omitted.append(f"{plot.title}: {plot.missing}")
             continue
         figure = Figure(figsize=(6.0, 3.2), dpi=100, layout="constrained")

@@ -29,6 +29,12 @@ from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
 
 RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft")
+# the TRL flags that give a required key (rloo.cli.trl_args)
+_TRL_FLAG = {
+    "model": "--model_name_or_path",
+    "dataset": "--dataset_name",
+    "reward_funcs": "--reward_funcs or --reward_model_name_or_path",
+}
 # names often written for LoraConfig fields, too far from them for difflib to suggest
 PEFT_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
 
@@ -113,7 +119,7 @@ def coerce_field(name: str, value: Any, annotation: str) -> Any:
     return value
 
 
-def _annotation_text(annotation: Any) -> str:
+def annotation_text(annotation: Any) -> str:
     """``int``, ``int | None``, ``list[str]``: the text of a resolved annotation.
 
     ``str(int)`` is ``"<class 'int'>"``, so a plain class is named by its ``__name__``.
@@ -132,7 +138,7 @@ def build_config(values: dict[str, Any]) -> RLOOConfig:
         name = RENAMED.get(key, key)  # an older TRL name (kl_coef): RLOOConfig maps it and warns
         if name not in fields and key not in REFUSED:  # a refused older name: RLOOConfig says what to set
             raise _unknown_key(key, valid)
-        checked[key] = coerce_field(key, value, _annotation_text(annotations[name])) if name in fields else value
+        checked[key] = coerce_field(key, value, annotation_text(annotations[name])) if name in fields else value
     return RLOOConfig(**checked)
 
 
@@ -166,7 +172,7 @@ def parse_run(values: dict[str, Any]) -> RunFile:
     """Check a run mapping (a loaded YAML file with overrides applied)."""
     for key in ("model", "dataset", "reward_funcs"):
         if values.get(key) in (None, "", []):
-            raise ValueError(f"the run file needs `{key}`")
+            raise ValueError(f"the run file needs `{key}` (on the command line: {_TRL_FLAG[key]})")
     if not isinstance(values["model"], str):
         raise ValueError(f"`model` expects a path or hub id (str), got {values['model']!r}")
     rewards = values["reward_funcs"]
@@ -197,8 +203,18 @@ def parse_run(values: dict[str, Any]) -> RunFile:
     )
 
 
-def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunFile:
-    """Read a YAML run file, apply ``dotted.key=value`` overrides, and check everything."""
+def load_run_file(
+    path: str | Path | None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
+) -> RunFile:
+    """Read a YAML run file (None: none, everything comes from ``flags``), set ``flags`` (run-file
+    keys from TRL's command-line flags: :mod:`rloo.cli.trl_args`), apply ``dotted.key=value``
+    overrides, and check everything."""
+    loaded = {} if path is None else read_run_file(path)
+    return parse_run(apply_overrides({**loaded, **(flags or {})}, overrides or []))
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The mapping of a YAML run file, or a ``ValueError`` saying what is wrong with the file."""
     file = Path(path)
     if file.is_dir():
         raise ValueError(f"run file {str(file)!r} is a folder; give the YAML file (e.g. {str(file / 'config.yaml')!r})")
@@ -210,7 +226,7 @@ def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunFi
         raise ValueError(f"run file {str(file)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"run file {str(file)!r} must be a YAML mapping of keys to values")
-    return parse_run(apply_overrides(loaded, overrides or []))
+    return loaded
 
 
 def build_peft_config(values: dict[str, Any]) -> Any:

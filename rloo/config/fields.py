@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rloo.config.optimizers import OPTIMIZERS
 from rloo.config.presets import PRESETS
-from rloo.config.validation import OPTIMIZERS
 
 
 def option(default: Any, help: str, *, trl: str | None = None) -> Any:
@@ -268,6 +268,13 @@ class RLOOFields:
         "bitsandbytes and a CUDA GPU). The adam_* fields apply to the AdamW ones.",
         trl="optim",
     )
+    optim_args: str | None = option(
+        None,
+        "Extra optimizer arguments as transformers reads them, 'key=value,key=value': sgd takes momentum, "
+        "dampening, weight_decay, nesterov; adagrad lr_decay, weight_decay, eps; rmsprop momentum, alpha, eps, "
+        "weight_decay, centered. Refused for the other optimizers (transformers ignores it there).",
+        trl="optim_args",
+    )
     weight_decay: float = option(0.0, "Weight decay of all trainable weights, >= 0.", trl="weight_decay")
     adam_beta1: float = option(0.9, "AdamW beta1 (decay of the gradient mean), in [0, 1).", trl="adam_beta1")
     adam_beta2: float = option(0.999, "AdamW beta2 (decay of the squared gradient), in [0, 1).", trl="adam_beta2")
@@ -367,12 +374,24 @@ class RLOOFields:
         trl="per_device_eval_batch_size",
     )
     report_to: Sequence[str] = option(
-        ("none",), "Metric sinks besides metrics.jsonl: one or more of none, tensorboard, wandb.", trl="report_to"
+        ("none",),
+        "Experiment trackers besides metrics.jsonl, through accelerate: none, all (every installed one), "
+        "tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab, or a tracker registered "
+        "with accelerate. Logged under TRL's names (train/reward, eval/reward) with the run's config.",
+        trl="report_to",
     )
     log_completions: bool = option(
         False,
         "Append prompts, completions, rewards and advantages to output_dir/completions.jsonl every logging step.",
         trl="log_completions",
+    )
+    log_grad_variance: int = option(
+        0,
+        "Every this many optimizer steps, measure the variance of the policy-gradient estimate across the batch's "
+        "prompts for the advantages used and, on the same samples, for no baseline, group mean, leave-one-out and "
+        "GRPO (grad_var/* metrics; README: Gradient-variance diagnostic), >= 0; 0 = off. Costs about one extra "
+        "optimizer step's forward and backward, row by row, per measured batch.",
+        trl=None,
     )
     num_completions_to_print: int = option(
         0,

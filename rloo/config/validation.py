@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+from rloo.config.optimizers import OPTIMIZERS, parse_optim_args
 from rloo.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -22,17 +23,19 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = ("steps", "epoch", "no")  # transformers' IntervalStrategy values
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
-REPORT_SINKS: tuple[str, ...] = ("none", "tensorboard", "wandb")
-# transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
-OPTIMIZERS: tuple[str, ...] = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adafactor",
-    "sgd",
-    "adagrad",
-    "rmsprop",
-    "adamw_8bit",
-    "paged_adamw_8bit",
+# report_to: accelerate's trackers (rloo.training.trackers), "all" installed ones, or "none"
+REPORT_SINKS: tuple[str, ...] = (
+    "none",
+    "all",
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "comet_ml",
+    "mlflow",
+    "aim",
+    "clearml",
+    "dvclive",
+    "swanlab",
 )
 
 
@@ -167,6 +170,16 @@ def _check_clip_range(config: RLOOConfig) -> None:
         )
 
 
+def _check_optimizer(config: RLOOConfig) -> None:
+    if config.optim not in OPTIMIZERS:
+        raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
+    if config.optim_args is not None:
+        try:
+            parse_optim_args(config.optim, config.optim_args)
+        except ValueError as error:
+            raise fail("optim_args", config.optim_args, str(error)) from None
+
+
 def _check_optimization(config: RLOOConfig) -> None:
     if not config.learning_rate > 0:
         raise fail("learning_rate", config.learning_rate, "must be > 0 (1e-6 is typical for RL on LLMs)")
@@ -180,8 +193,7 @@ def _check_optimization(config: RLOOConfig) -> None:
         raise fail("max_grad_norm", config.max_grad_norm, "must be >= 0 (0 disables gradient clipping)")
     if not config.weight_decay >= 0:
         raise fail("weight_decay", config.weight_decay, "must be >= 0")
-    if config.optim not in OPTIMIZERS:
-        raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
+    _check_optimizer(config)
     if config.fp16 and config.bf16:
         raise fail("fp16", config.fp16, "fp16 and bf16 are both True; choose one (bf16 where the GPU supports it)")
     if config.max_steps == 0 or config.max_steps < -1:
@@ -317,6 +329,13 @@ def _check_schedules(config: RLOOConfig) -> None:
         raise fail("eval_strategy", "steps", "set eval_steps (evaluate every this many steps), or use epoch")
 
 
+def _registered_tracker(name: str) -> bool:
+    """A custom tracker class registered with accelerate under ``name`` (imported only then)."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return name in LOGGER_TYPE_TO_CLASS
+
+
 def _check_logging(config: RLOOConfig) -> None:
     for name in ("logging_steps", "save_steps"):
         if getattr(config, name) < 1:
@@ -329,7 +348,14 @@ def _check_logging(config: RLOOConfig) -> None:
         raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
     _check_schedules(config)
     for sink in config.report_to:
-        if sink not in REPORT_SINKS:
-            raise fail("report_to", config.report_to, f"each entry must be one of {list(REPORT_SINKS)}")
+        if sink not in REPORT_SINKS and not _registered_tracker(sink):
+            raise fail(
+                "report_to",
+                config.report_to,
+                f"each entry must be one of {list(REPORT_SINKS)} or a tracker registered with "
+                "accelerate.tracking.register_tracker_class",
+            )
+    if config.log_grad_variance < 0:
+        raise fail("log_grad_variance", config.log_grad_variance, "must be >= 0 (steps between measurements; 0 = off)")
     if config.num_completions_to_print < 0:
         raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0")

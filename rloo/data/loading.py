@@ -240,12 +240,29 @@ def _message_problem(message: Any) -> str | None:
     if not isinstance(message, dict):
         return f"is a {type(message).__name__}, expected a dict with `role` and `content`"
     for key in ("role", "content"):
+        if key == "content" and isinstance(message.get(key), list):
+            return _parts_problem(message[key])
         if not isinstance(message.get(key), str):
             found = "is missing" if message.get(key) is None else f"is a {type(message[key]).__name__}"
-            return f"`{key}` {found}; expected a str"
+            return f"`{key}` {found}; expected a str" + (" or a list of content parts" if key == "content" else "")
     if message["role"] not in CHAT_ROLES:
         hint = did_you_mean(message["role"], CHAT_ROLES).removeprefix("; ")
         return f"has role {message['role']!r}: use one of {', '.join(CHAT_ROLES)}" + (f" ({hint})" if hint else "")
+    return None
+
+
+def _parts_problem(parts: list[Any]) -> str | None:
+    """What is wrong with a message's list of content parts (``{"type": "text", "text": str}`` or
+    ``{"type": "image"}``, the image taken from the row's ``image``/``images`` column), or None."""
+    if not parts:
+        return "`content` is an empty list of parts"
+    for position, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") not in ("text", "image"):
+            return (
+                f'content part {position} is {part!r}; expected {{"type": "text", "text": ...}} or {{"type": "image"}}'
+            )
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            return f"content part {position} is a text part without a str `text`"
     return None
 
 

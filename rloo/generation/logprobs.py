@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.stats import softmax_entropy
-from rloo.generation.rollout import position_ids_from_mask
+from rloo.generation.multimodal import VisionInputs, prompt_positions
 
 
 class _SelectiveLogprob(torch.autograd.Function):
@@ -86,6 +86,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_requires_grad: bool = False,
     with_aux_loss: bool = False,
+    vision: VisionInputs | None = None,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -94,6 +95,7 @@ def completion_logprobs(
     caller disables them. ``entropy`` (of the temperature-scaled distribution) carries a
     gradient only with ``entropy_requires_grad`` (for an entropy bonus); else it is a metric.
     ``with_aux_loss``: ask a mixture-of-experts model for its router logits and return its ``aux_loss``.
+    ``vision``: the rows' image inputs (a vision-language policy), as the sampler's prefill saw them.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -104,10 +106,11 @@ def completion_logprobs(
     out = model(
         input_ids=input_ids,
         attention_mask=attention,
-        position_ids=position_ids_from_mask(attention),
+        position_ids=prompt_positions(model, input_ids, attention, vision).position_ids,
         logits_to_keep=positions,
         use_cache=False,
         **({"output_router_logits": True} if with_aux_loss else {}),
+        **({} if vision is None else vision.model_inputs(tc)),
     )
     logprobs, entropy = token_logprobs_and_entropy(
         out.logits, completion_ids, temperature, with_entropy, entropy_requires_grad

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
 from rloo.generation.kv_cache import preallocate, share_prefill
+from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions, step_positions
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
 
@@ -29,9 +30,12 @@ class Rollout:
 
     prompt_ids / prompt_mask: ``(N, Tp)`` left-padded. completion_ids: ``(N, Tc)``
     right-padded with the pad id after the first EOS. completion_mask: ``(N, Tc)`` float,
-    1 up to and including the first EOS. truncated: ``(N,)`` bool, no EOS within the limit.
+    1 up to and including the first EOS. truncated: ``(N,)`` bool, no EOS within the limit (or
+    ended before an image placeholder token, see :func:`generate_rollouts`).
     sampling_logprobs: ``(N, Tc)`` log-prob of each sampled token under the sampling policy
     (``log_softmax(logits / T)``), 0 where masked. group_ids: ``(N,)`` the prompt's id.
+    vision: a vision-language policy's image inputs of the N rows (the K rows of a prompt share its
+    images), which every later forward over these rows takes; None for text prompts.
     """
 
     prompt_ids: Tensor
@@ -41,6 +45,7 @@ class Rollout:
     truncated: Tensor
     sampling_logprobs: Tensor
     group_ids: Tensor
+    vision: VisionInputs | None = None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -68,6 +73,7 @@ def pad_to_multiple(rollout: Rollout, multiple: int, pad_token_id: int) -> Rollo
         completion_ids=_pad_columns(rollout.completion_ids, completion_width, pad_token_id, left=False),
         completion_mask=_pad_columns(rollout.completion_mask, completion_width, 0, left=False),
         sampling_logprobs=_pad_columns(rollout.sampling_logprobs, completion_width, 0, left=False),
+        vision=None if rollout.vision is None else rollout.vision.pad_left(prompt_width),
     )
 
 
@@ -81,11 +87,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
             ids[row, length - len(seq) :] = torch.tensor(seq, dtype=torch.long)
             mask[row, length - len(seq) :] = 1
     return ids.to(device), mask.to(device)
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding: ``cumsum(mask) - 1``, clamped at 0. ``(B, L)``."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
 # Mamba-style models (Mamba, Mamba2, FalconMamba) take and return their cache as cache_params
@@ -105,23 +106,42 @@ def returned_cache(model: nn.Module, out: Any) -> tuple[str, Any]:
     )
 
 
-def prefill(model: nn.Module, ids: Tensor, mask: Tensor, k: int) -> tuple[str, Any, Tensor]:
-    """Prefill P left-padded prompts ``(P, Tp)`` for ``k`` samples each.
+@dataclass
+class Prefill:
+    """A prefill for P*k rows: :func:`returned_cache`'s keyword and cache, the last-position logits
+    ``(P*k, V)`` and (a Qwen-VL prompt with images) the rows' rope deltas ``(P*k, 1)``."""
+
+    keyword: str
+    cache: Any
+    logits: Tensor
+    rope_deltas: Tensor | None = None
+
+
+def _prefill_forward(
+    model: nn.Module, ids: Tensor, mask: Tensor, vision: VisionInputs | None
+) -> tuple[Any, Tensor | None]:
+    positions = prompt_positions(model, ids, mask, vision)
+    inputs = {} if vision is None else vision.model_inputs()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions.position_ids, use_cache=True, **inputs)
+    return out, positions.rope_deltas
+
+
+def prefill(model: nn.Module, ids: Tensor, mask: Tensor, k: int, vision: VisionInputs | None = None) -> Prefill:
+    """Prefill P left-padded prompts ``(P, Tp)`` (``vision``: their image inputs) for ``k`` samples each.
 
     Each prompt is run once and its cache shared by its ``k`` rows
     (:func:`rloo.generation.kv_cache.share_prefill`); a cache it cannot repeat exactly is
-    filled by a second prefill over the ``P*k`` rows instead. Returns ``(keyword, cache,
-    logits)``: :func:`returned_cache`'s keyword, the cache of ``P*k`` rows and the
-    last-position logits ``(P*k, V)``.
+    filled by a second prefill over the ``P*k`` rows instead.
     """
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    out, deltas = _prefill_forward(model, ids, mask, vision)
     keyword, cache = returned_cache(model, out)
     if k == 1 or share_prefill(cache, k):
-        return keyword, cache, out.logits[:, -1].repeat_interleave(k, dim=0)
+        repeated = None if deltas is None else deltas.repeat_interleave(k, dim=0)
+        return Prefill(keyword, cache, out.logits[:, -1].repeat_interleave(k, dim=0), repeated)
     ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True)
+    out, deltas = _prefill_forward(model, ids, mask, None if vision is None else vision.repeat(k))
     keyword, cache = returned_cache(model, out)
-    return keyword, cache, out.logits[:, -1]
+    return Prefill(keyword, cache, out.logits[:, -1], deltas)
 
 
 @torch.no_grad()
@@ -138,6 +158,7 @@ def generate_rollouts(
     generator: torch.Generator | None = None,
     sampling_seed: int | None = None,
     stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
+    vision: VisionInputs | None = None,
     all_done: Callable[[bool], bool] | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
@@ -147,6 +168,8 @@ def generate_rollouts(
     (:func:`rloo.generation.sampling.completion_uniforms`) instead of ``generator``'s. A completion
     ends at its first token in ``eos_token_ids``, or at the token after which ``stop(tokens, active)``
     (e.g. :class:`rloo.generation.stopping.StopStrings`) says it stops; either way it is not truncated.
+    ``vision``: the P prompts' image inputs (a vision-language policy), seen by the prefill; a
+    completion then ends, truncated, before any image placeholder token it samples.
     ``all_done(done)``: whether every process is done, when several decode in lockstep (sharded
     parameters: each forward is a collective); a finished process then keeps decoding padding.
     """
@@ -156,13 +179,17 @@ def generate_rollouts(
     if sampling_seed is not None:
         uniforms = completion_uniforms(sampling_seed, group_ids, k, max_new_tokens, device)
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
-    keyword, cache, logits = prefill(model, ids, mask, k)
-    cache = preallocate(cache, max_new_tokens)
+    vision = None if vision is None else vision.to(device)
+    filled = prefill(model, ids, mask, k, vision)
+    keyword, logits = filled.keyword, filled.logits
+    cache = preallocate(filled.cache, max_new_tokens)
     prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
     attention = prompt_mask_k
     next_position = attention.sum(dim=1, keepdim=True)
     eos = torch.tensor(list(eos_token_ids), device=device)
+    placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
     finished = torch.zeros(ids.shape[0] * k, dtype=torch.bool, device=device)
+    cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
     lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
@@ -178,8 +205,11 @@ def generate_rollouts(
         ends = ~finished & torch.isin(token, eos)
         if stop is not None:
             ends |= stop(tokens, ~finished)
-        lengths = torch.where(ends, step + 1, lengths)
-        finished = finished | ends
+        # an image placeholder in a completion would claim image features no forward has: the row
+        # ends before it, as truncated (no EOS)
+        cuts = ~finished & torch.isin(token, placeholders)
+        lengths = torch.where(ends, step + 1, torch.where(cuts, step, lengths))
+        finished, cut = finished | ends | cuts, cut | cuts
         done = bool(finished.all())
         if (all_done(done) if all_done is not None else done) or step == max_new_tokens - 1:
             break
@@ -190,7 +220,7 @@ def generate_rollouts(
             input_ids=token.unsqueeze(1),
             # Mamba-style models mask each input position: a step's mask is its new token's
             attention_mask=attention if keyword == "past_key_values" else attention[:, -1:],
-            position_ids=next_position,
+            position_ids=step_positions(next_position, filled.rope_deltas),
             use_cache=True,
             **{keyword: cache},
         )
@@ -204,7 +234,8 @@ def generate_rollouts(
         prompt_mask=prompt_mask_k,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        truncated=~finished,
+        truncated=~finished | cut,
         sampling_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
         group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
+        vision=None if vision is None else vision.repeat(k),
     )

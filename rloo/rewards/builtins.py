@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rloo.rewards.code_execution import code_execution_reward
+from rloo.rewards.overlong import soft_overlong_punishment
 
 if TYPE_CHECKING:
     from rloo.rewards.calling import RewardFunc
@@ -195,6 +196,27 @@ def accuracy_reward(
 accuracy_reward.required_columns = (("answer", "solution"),)  # type: ignore[attr-defined]  # checked at build
 
 
+def reasoning_accuracy_reward(
+    completions: Sequence[Any],
+    answer: Sequence[Any] | None = None,
+    solution: Sequence[Any] | None = None,
+    reasoning_delimiters: Sequence[str] = ("</think>",),
+    **kwargs: Any,
+) -> Rewards:
+    """TRL's ``reasoning_accuracy_reward``: :func:`accuracy_reward` on what follows the reasoning (the
+    text after the first of ``reasoning_delimiters`` found); 0.0 when the reasoning never ends."""
+    texts = [completion_text(completion) for completion in completions]
+    answers: list[str | None] = []
+    for text in texts:
+        delimiter = next((d for d in reasoning_delimiters if d in text), None)
+        answers.append(None if delimiter is None else text.split(delimiter)[-1])
+    scored = accuracy_reward([a or "" for a in answers], answer=answer, solution=solution)
+    return [0.0 if a is None else r for a, r in zip(answers, scored, strict=True)]
+
+
+reasoning_accuracy_reward.required_columns = accuracy_reward.required_columns  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------------------- string match
 
 # Stripped from both ends when normalizing; signs, $, %, # and / are kept ("-3" != "3").
@@ -351,12 +373,14 @@ def _plain(func: Callable[..., Rewards], name: str) -> Callable[[], RewardFunc]:
 
 BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
     "accuracy": _plain(accuracy_reward, "accuracy"),
+    "reasoning_accuracy": _plain(reasoning_accuracy_reward, "reasoning_accuracy"),
     "exact_match": _plain(exact_match_reward, "exact_match"),
     "string_match": string_match_reward,
     "format": format_reward,
     "think_answer_format": _plain(think_answer_format_reward, "think_answer_format"),
     "think_format": _plain(think_format_reward, "think_format"),
     "length": length_reward,
+    "soft_overlong_punishment": soft_overlong_punishment,
     "code_execution": code_execution_reward,
     "reward_model": _reward_model,
 }

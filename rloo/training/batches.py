@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rloo.algo.stats import ClipFractions
+from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout
 
 
@@ -45,6 +46,7 @@ class Pass:
     """Rows of a :class:`TrainBatch` for one forward/backward, with padding columns trimmed.
 
     completion_mask: real completion tokens (attention); loss_mask: the tokens that carry loss.
+    vision: the rows' image inputs (a vision-language policy), prompt columns trimmed alike.
     """
 
     prompt_ids: Tensor
@@ -55,6 +57,7 @@ class Pass:
     advantages: Tensor
     old_logprobs: Tensor | None
     reference_logprobs: Tensor | None
+    vision: VisionInputs | None = None
 
 
 def _trim_columns(rollout: Rollout, rows: Tensor) -> tuple[slice, slice]:
@@ -82,6 +85,7 @@ def take_rows(batch: TrainBatch, rows: Tensor) -> Pass:
         advantages=batch.advantages[rows],
         old_logprobs=pick(batch.old_logprobs),
         reference_logprobs=pick(batch.reference_logprobs),
+        vision=None if r.vision is None else r.vision.select(rows, p),
     )
 
 

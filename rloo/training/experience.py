@@ -27,6 +27,7 @@ from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
 from rloo.training.batches import TrainBatch
 from rloo.training.distributed import Ranks
+from rloo.training.grad_variance import GradVarianceProbe
 from rloo.training.metrics import (
     append_jsonl,
     batch_record,
@@ -34,6 +35,7 @@ from rloo.training.metrics import (
     completion_rows,
     generation_metrics,
     merge_records,
+    nonzero_advantage_tokens,
 )
 from rloo.training.models import reference_mode
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs
@@ -60,6 +62,7 @@ class ExperienceMaker:
     def __post_init__(self) -> None:
         self.spec = self.args.algorithm
         self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
+        self.grad_variance = GradVarianceProbe.for_run(self.args, self.ranks)  # None: log_grad_variance off
 
     def make(self, scored: ScoredRollout, state: Any) -> TrainBatch:
         """Phases 3-4 for this process's share of a generation batch; ``state``: the trainer state
@@ -98,7 +101,10 @@ class ExperienceMaker:
             rows = self.ranks.gather_objects(completion_rows(state.global_step, scored, advantages))
             if self.ranks.is_main:
                 append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
-        return TrainBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
+        batch = TrainBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
+        if self.grad_variance is not None and self.grad_variance.due(state.global_step):
+            metrics.update(self.grad_variance.measure(self.model(), batch, rewards, scorable, self.autocast))
+        return batch
 
     def batch_metrics(
         self,
@@ -114,6 +120,8 @@ class ExperienceMaker:
         limit = getattr(self.model().config, "max_position_embeddings", None)
         for message in batch_warnings(metrics, self.reward_names, self.args.max_prompt_length, limit):
             self.warn(message)
+        signal, tokens = self.ranks.sum(nonzero_advantage_tokens(advantages, loss_mask, scored.rollout.completion_mask))
+        metrics["frac_tokens_nonzero_advantage"] = signal / max(tokens, 1.0)
         if per_token_kl is not None:
             kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
             metrics["kl"] = kl_sum / max(tokens, 1.0)

@@ -180,6 +180,14 @@ def advantage_metrics(advantages: Tensor, scorable: Tensor) -> dict[str, float]:
     }
 
 
+def nonzero_advantage_tokens(advantages: Tensor, loss_mask: Tensor, completion_mask: Tensor) -> list[float]:
+    """``[loss tokens of completions with a non-zero advantage, completion tokens]`` of one process's
+    batch (summed over processes, their ratio is ``frac_tokens_nonzero_advantage``: the share of the
+    generated tokens that carry a learning signal). ``advantages: (N,)``, masks ``(N, Tc)``."""
+    carrying = loss_mask * (advantages != 0).unsqueeze(1).to(loss_mask.dtype)
+    return [float(carrying.sum()), float(completion_mask.sum())]
+
+
 def update_metrics(results: list[PassResult]) -> dict[str, float]:
     """Loss (summed over passes: they are pre-scaled); entropy, clip fractions and KL as means
     over the step's tokens (each pass weighted by its tokens, reported as ``_tokens`` for the

@@ -11,14 +11,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import json
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rloo.data.images import image_column, is_processor
+from rloo.data.loading import column_names
+from rloo.training.vision import check_image_inputs, is_vision_language, language_model_only, load_processor
 
 
 def bf16_supported() -> bool:
@@ -59,7 +71,8 @@ def check_model_folder(model: str) -> None:
 
 def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | None) -> PreTrainedModel:
     """A causal LM from a local folder or hub id (float32 weights and ``trust_remote_code`` off unless
-    ``init_kwargs`` say otherwise), or as given."""
+    ``init_kwargs`` say otherwise), or as given. A vision-language model (its config has a
+    ``vision_config``) loads with ``AutoModelForImageTextToText``, vision tower included."""
     if isinstance(model, PreTrainedModel):
         return model
     if is_peft_model(model):  # type: ignore[arg-type]
@@ -71,13 +84,64 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
     check_model_folder(model)
     kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
     try:
-        loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        loaded: PreTrainedModel = auto_model_class(model, kwargs["trust_remote_code"]).from_pretrained(model, **kwargs)
     except OSError as err:
         raise ValueError(
             f"could not load a causal LM from {model!r}: {err}. Give a local folder with config.json "
             "and weights, or a hub id reachable from this machine."
         ) from err
     return loaded
+
+
+def auto_model_class(model: str, trust_remote_code: bool) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model (its config has a ``vision_config``),
+    else ``AutoModelForCausalLM``. A PEFT adapter folder has no config.json: its base model's config
+    decides; one that cannot be read leaves it to ``AutoModelForCausalLM`` (as before images)."""
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        config = _adapter_base_config(model, trust_remote_code)
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+
+
+def _adapter_base_config(model: str, trust_remote_code: bool) -> Any:
+    adapter = Path(model).expanduser() / "adapter_config.json"
+    try:
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        return AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code) if base else None
+    except (OSError, ValueError):  # not a local adapter folder, or its base is out of reach
+        return None
+
+
+def load_processing_class(
+    model: str | PreTrainedModel,
+    processing_class: Any,
+    policy: nn.Module,
+    datasets: Sequence[Any],
+    args: Any = None,
+) -> Any:
+    """The tokenizer, or a vision-language policy's processor (given, or loaded with ``AutoProcessor``
+    when a dataset has an image column) with its tokenizer set up as :func:`load_tokenizer` does;
+    an image column the policy would not see is refused (:func:`check_image_inputs`). ``datasets``:
+    the train set and the eval set(s): None, one, or a dict of named ones; ``args``: the RLOOConfig
+    (``trust_remote_code``, ``chat_template_kwargs``, ``max_prompt_length``; None: off, none, none)."""
+    trust_remote_code = bool(getattr(args, "trust_remote_code", False))
+    sets = [
+        data for item in datasets for data in (item.values() if isinstance(item, dict) else [item]) if data is not None
+    ]
+    processor = processing_class if is_processor(processing_class) else None
+    with_images = any(image_column(column_names(data)) for data in sets)
+    if processing_class is None and is_vision_language(policy) and with_images:
+        source = model if isinstance(model, str) else str(getattr(policy.config, "name_or_path", ""))
+        if not source:
+            raise ValueError("the model instance has no name_or_path: pass its processor as processing_class")
+        processor = load_processor(source, trust_remote_code)
+    if processor is not None:
+        load_tokenizer(model, processor.tokenizer, trust_remote_code)
+    result = processor if processor is not None else load_tokenizer(model, processing_class, trust_remote_code)
+    for data in sets:
+        check_image_inputs(data, policy, result, args)
+    return result
 
 
 def load_tokenizer(
@@ -135,9 +199,11 @@ def is_peft_model(model: nn.Module) -> bool:
 
 
 def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn.Module:
-    """Wrap the model with PEFT adapters; only adapter weights stay trainable."""
+    """Wrap the model with PEFT adapters; only adapter weights stay trainable (a vision-language
+    model's vision tower gets none unless ``exclude_modules`` is set: :func:`language_model_only`)."""
     from peft import get_peft_model
 
+    peft_config = language_model_only(model, peft_config)
     if gradient_checkpointing:
         # checkpointed blocks need an input that requires grad when the embeddings are frozen
         model.enable_input_require_grads()

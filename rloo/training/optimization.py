@@ -7,8 +7,9 @@ handful of ``TrainingArguments`` fields; it gets them from :class:`_FactoryArgs`
 ``TrainingArguments``: constructing one resets accelerate's shared state (its ``__post_init__``
 sets up devices), which breaks the trainer's live ``Accelerator``, and it validates dozens of
 fields rloo does not have. Where we depart from transformers' Trainer: ``weight_decay`` applies
-to every trainable parameter (the Trainer exempts biases and norm weights), as rloo always did,
-and ``optim_args`` is not supported.
+to every trainable parameter (the Trainer exempts biases and norm weights), as rloo always did.
+``optim_args`` reaches the factory as written; rloo checks it first (validation), because the
+factory ignores the keys it does not read, and every key for the AdamW and Adafactor optimizers.
 """
 
 from __future__ import annotations
@@ -60,11 +61,18 @@ def optimizer_class_and_kwargs(args: RLOOConfig) -> tuple[type[torch.optim.Optim
     AdamW ones, ``weight_decay``), from transformers' factory; the parameters are not included."""
     check_optimizer_available(args.optim)
     view = _FactoryArgs(
-        args.optim, args.learning_rate, args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay
+        args.optim,
+        args.learning_rate,
+        args.adam_beta1,
+        args.adam_beta2,
+        args.adam_epsilon,
+        args.weight_decay,
+        args.optim_args,
     )
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(view)  # type: ignore[arg-type]
     # torch's AdamW would default to 0.01; the factory leaves weight decay to the Trainer's param groups
-    return optimizer_cls, {**kwargs, "weight_decay": args.weight_decay}
+    # (an optim_args weight_decay, which the factory already read, wins)
+    return optimizer_cls, {"weight_decay": args.weight_decay, **kwargs}
 
 
 def check_optimizer_available(optim: str) -> None:

@@ -60,6 +60,7 @@ def no_grad_logprobs(
                 rollout.completion_ids[rows, :tc],
                 rollout.completion_mask[rows, :tc],
                 temperature,
+                vision=None if rollout.vision is None else rollout.vision.select(rows),
             ).logprobs
         if i < len(passes):
             out[rows, : lp.shape[1]] = lp.float()
@@ -109,6 +110,7 @@ def pass_loss(
         with_entropy=True,
         entropy_requires_grad=entropy_coef > 0,
         with_aux_loss=aux_loss_coef > 0,
+        vision=rows.vision,
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None

@@ -28,7 +28,7 @@ from rloo.training.checkpoints import (
 )
 
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
-LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log")
+LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log", "tensorboard")
 
 
 def open_run(

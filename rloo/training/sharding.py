@@ -223,12 +223,13 @@ def prepare_training(
         optimizer, scheduler = build_optimizer(policy, args, max_steps)
         model, optimizer = accelerator.prepare(policy, optimizer)
         return model, optimizer, scheduler
-    refused = [name for name in ("sync_ref_model", "torch_compile", "fp16") if getattr(args, name)]
+    refused = [n for n in ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance") if getattr(args, n, 0)]
     if refused:
         raise ValueError(
             f"{', '.join(refused)} not supported with FSDP in rloo (the sharded reference's state is not "
             "checkpointed; compiling a sharded model is untested; fp16's gradient scaler is not applied to "
-            "sharded gradients: use bf16); drop them, or train data parallel"
+            "sharded gradients: use bf16; the gradient-variance probe runs a forward per completion, unevenly "
+            "over processes); drop them, or train data parallel"
         )
     for model in (policy, reference):
         if model is not None:

@@ -1,12 +1,11 @@
-"""Where metrics go: the trainer state's history, ``metrics.jsonl`` and optional sinks
-(callbacks: :mod:`rloo.training.callbacks`)."""
+"""Where metrics go: the trainer state's history and ``metrics.jsonl`` (trackers:
+:mod:`rloo.training.trackers`; callbacks: :mod:`rloo.training.callbacks`)."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,21 +61,13 @@ def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:
 
 
 class MetricsSink:
-    """Writes logs to ``metrics.jsonl`` and to TensorBoard / W&B when asked for."""
+    """Writes logs to ``output_dir/metrics.jsonl`` (the report reads it); trackers get a copy
+    through :mod:`rloo.training.trackers`."""
 
-    def __init__(
-        self, output_dir: Path, report_to: Sequence[str], run_config: dict[str, Any], enabled: bool = True
-    ) -> None:
+    def __init__(self, output_dir: Path, enabled: bool = True) -> None:
         """``enabled=False`` (every process but the main one) writes nothing."""
         self.path = output_dir / "metrics.jsonl"
         self.enabled = enabled
-        self._writers: list[Any] = []
-        if not enabled:
-            return
-        if "tensorboard" in report_to:
-            self._writers.append(_tensorboard_writer(output_dir))
-        if "wandb" in report_to:
-            self._writers.append(_wandb_run(output_dir, run_config))
 
     def rewrite(self, history: list[dict[str, float]]) -> None:
         """Replace ``metrics.jsonl`` with ``history`` (after resuming from a checkpoint)."""
@@ -89,43 +80,6 @@ class MetricsSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
             handle.write(json.dumps(logs) + "\n")
-        step = int(logs["step"])
-        for writer in self._writers:
-            if hasattr(writer, "add_scalar"):
-                for key, value in logs.items():
-                    if key != "step":
-                        writer.add_scalar(key, value, step)
-                writer.flush()
-            else:
-                writer.log({k: v for k, v in logs.items() if k != "step"}, step=step)
-
-    def close(self) -> None:
-        for writer in self._writers:
-            if hasattr(writer, "close"):
-                writer.close()
-            elif hasattr(writer, "finish"):
-                writer.finish()
-
-
-def _tensorboard_writer(output_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as err:
-        raise ValueError("report_to includes 'tensorboard' but it is not installed: pip install tensorboard") from err
-    return SummaryWriter(log_dir=str(output_dir / "tensorboard"))
-
-
-def _wandb_run(output_dir: Path, run_config: dict[str, Any]) -> Any:
-    import os
-
-    try:
-        import wandb
-    except ImportError as err:
-        raise ValueError("report_to includes 'wandb' but it is not installed: pip install wandb") from err
-    # without credentials (e.g. no network) W&B runs offline and can be synced later
-    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-    name = run_config.get("run_name") or output_dir.name
-    return wandb.init(dir=str(output_dir), config=run_config, mode=mode, name=name)
 
 
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:

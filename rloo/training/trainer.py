@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
@@ -45,13 +44,13 @@ from rloo.training.batches import TrainBatch, micro_batch_rows
 from rloo.training.best_model import BestModel
 from rloo.training.callbacks import Callbacks
 from rloo.training.checkpoints import rng_state
-from rloo.training.distributed import Ranks, check_engine, cpu_processes, eval_seed
+from rloo.training.distributed import Ranks, check_engine, eval_seed
 from rloo.training.experience import ExperienceMaker
 from rloo.training.guards import SKIPPED_STEP
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.hub import push_run
 from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
-from rloo.training.models import count_parameters, load_tokenizer, prepare_policy, resolve_mixed_precision
+from rloo.training.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.optimization import total_steps
 from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
@@ -59,6 +58,7 @@ from rloo.training.reference_sync import ReferenceSync
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.schedule import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.sharding import prepare_training
+from rloo.training.trackers import accelerator_with_trackers
 from rloo.training.tracking import (
     MetricsSink,
     RunWarnings,
@@ -81,7 +81,7 @@ class RLOOTrainer:
         args: RLOOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
+        processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
         reward_processing_classes: Any = None,
         peft_config: Any = None,
         callbacks: list[Any] | None = None,
@@ -91,9 +91,9 @@ class RLOOTrainer:
         self.args = args = as_config(args)
         self.spec = args.algorithm
         set_seed(args.seed)
-        self.accelerator = Accelerator(
-            mixed_precision=resolve_mixed_precision(args.bf16, args.fp16), cpu=cpu_processes()
-        )
+        self.output_dir = Path(args.output_dir)
+        precision = resolve_mixed_precision(args.bf16, args.fp16)
+        self.accelerator, self.trackers = accelerator_with_trackers(precision, args.report_to, self.output_dir)
         sharding = check_engine(self.accelerator.distributed_type)  # None: data parallel; else FSDP2
         self.ranks = Ranks.from_accelerator(self.accelerator, lockstep=sharding is not None)
         self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
@@ -110,7 +110,8 @@ class RLOOTrainer:
             beta=self.spec.beta,
             checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        self.processing_class = load_tokenizer(model, processing_class, args.trust_remote_code)
+        datasets = (self.train_dataset, self.eval_dataset)  # a processor when they hold images
+        self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
         calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
@@ -125,7 +126,6 @@ class RLOOTrainer:
         self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)
-        self.output_dir = Path(args.output_dir)
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
@@ -174,11 +174,12 @@ class RLOOTrainer:
         resume_path = ranks.on_main(
             lambda: open_run(self.output_dir, resume_from_checkpoint, args.to_dict(), ranks.world_size, self.console)
         )
-        self.sink = MetricsSink(self.output_dir, args.report_to, args.to_dict(), enabled=ranks.is_main)
+        self.sink = MetricsSink(self.output_dir, enabled=ranks.is_main)
         if resume_path is not None:
             self._load_checkpoint(resume_path)
         config_text = config_yaml(args.to_dict(), self.run_config)
         ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
+        self.trackers.start({**(self.run_config or {}), **args.to_dict()}, args.run_name or self.output_dir.name)
         self._announce()
         self.callback_handler.fire("on_train_begin")
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
@@ -196,7 +197,7 @@ class RLOOTrainer:
                 per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks.world_size
                 self._log(train_summary(self.state, time.perf_counter() - start, steps, per_step))
         finally:
-            self.sink.close()
+            self.trackers.finish()
         if signum is not None:
             path = self._save_checkpoint()
             resume = escape(f"rloo train {self.output_dir / 'config.yaml'} --resume")  # user text: no markup
@@ -317,6 +318,7 @@ class RLOOTrainer:
         logs = {"step": float(self.state.global_step), "epoch": self.state.epoch, **metrics}
         self.state.log_history.append(logs)
         self.sink.write(logs)
+        self.trackers.log(logs, self.state.global_step)
         self.console.print(log_line(self.state.global_step, self.state.max_steps, logs))
         self.callback_handler.fire("on_log", logs=logs)
 

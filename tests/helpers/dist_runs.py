@@ -4,7 +4,8 @@
 ``python tests/helpers/dist_runs.py OUT`` trains one short run per loss aggregation mode, with
 advantage normalization off and on (and one ``reinforce_pp`` run, whose baseline is the batch
 mean), each on 8 completions per step over all processes, and has the main process write each
-run's final parameters (``OUT/<case>.safetensors``) and logged metrics (``OUT/<case>.json``).
+run's final parameters (``OUT/<case>.safetensors``) and logged metrics (``OUT/<case>.json``; two cases
+measure ``log_grad_variance``, whose ``grad_var/*`` metrics must agree too).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def main(out: Path) -> None:
             advantage_estimator="rloo" if lora_eval else estimator,
             max_steps=2,
             eval_steps=1 if lora_eval else None,
+            # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
+            log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,
         )
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
         trainer = RLOOTrainer(

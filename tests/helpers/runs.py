@@ -10,8 +10,9 @@ import yaml
 
 NUM_STEPS = 20
 EVAL_EVERY = 5
-# reward, per-function (2), KL, entropy, lengths, clipped ratio, clip ratios, loss, LR, grad norm, eval reward
-NUM_PLOTS = 11
+# reward, per-function (2), KL, entropy, lengths, clipped ratio, clip ratios, loss, LR, grad norm, learning
+# signal, eval reward
+NUM_PLOTS = 12
 NASTY = '<script>alert("x")</script> & <b>bold</b>'
 
 

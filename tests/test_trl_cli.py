@@ -1,0 +1,270 @@
+"""TRL's command line on ``rloo train``: ``trl rloo ...`` flags, ``--config``, and ``--help`` listing
+every field (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rloo.cli.trl_args import TRL_LORA_DEFAULTS, parse_tokens, trl_to_run
+from rloo.config import RLOOConfig
+from tests.helpers.cli import flat, invoke
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_flags_take_the_tokens_their_kind_says() -> None:
+    tokens = [
+        "run.yaml",
+        "--learning_rate",
+        "1e-5",
+        "--use_peft",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--bf16",
+        "false",
+        "--output_dir=runs/x",
+        "peft.r=8",
+        "--generation_kwargs",
+        '{"stop_strings": ["\\n\\n"]}',
+        "--eval_steps",
+        "None",
+        "--run-name",
+        "a: b",
+    ]
+    run_file, overrides, flags = parse_tokens(tokens)
+    assert run_file == "run.yaml" and overrides == ["peft.r=8"]
+    assert flags == {
+        "learning_rate": "1e-5",  # YAML reads 1e-5 as text; the run file's type check makes it a float
+        "use_peft": True,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "bf16": False,
+        "output_dir": "runs/x",
+        "generation_kwargs": {"stop_strings": ["\n\n"]},
+        "eval_steps": None,
+        "run_name": "a: b",  # text YAML would read as a mapping stays text
+    }
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        (["--lerning_rate", "1"], "unknown flag `--lerning_rate`; did you mean `learning_rate`?"),
+        (["x.yaml", "--use_peft", "maybe"], "override 'maybe' must look like key=value"),
+        (["--bf16=maybe"], "--bf16 takes true or false, got 'maybe'"),
+        (["--learning_rate"], "--learning_rate needs a value"),
+        (["--generation_kwargs", "[1]"], "--generation_kwargs takes a JSON object"),
+        (
+            ["a.yaml", "b.yaml"],
+            "override 'b.yaml' must look like key=value (e.g. learning_rate=1e-5); the run file is 'a.yaml'",
+        ),
+    ],
+)
+def test_bad_flags_are_named(tokens: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        parse_tokens(tokens)
+    assert message in str(error.value)
+
+
+def test_trl_script_and_model_flags_become_the_run_file() -> None:
+    assert TRL_LORA_DEFAULTS == {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "task_type": "CAUSAL_LM"}
+    run = trl_to_run(
+        {
+            "model_name_or_path": "Qwen/Qwen3-0.6B",
+            "dataset_name": "trl-lib/DeepMath-103K",
+            "dataset_config": "default",
+            "eval_strategy": "steps",
+            "dataset_test_split": "validation",
+            "reward_model_name_or_path": "my/reward-model",
+            "reward_funcs": ["accuracy_reward", "get_soft_overlong_punishment", "my_lib.rewards.custom", "format"],
+            "dtype": "bfloat16",
+            "attn_implementation": "sdpa",
+            "model_revision": "main",
+            "use_peft": True,
+            "lora_r": 8,
+            "lora_target_modules": ["q_proj"],
+            "gradient_checkpointing_use_reentrant": False,
+            "learning_rate": "1e-5",
+        }
+    )
+    assert run == {
+        "model": "Qwen/Qwen3-0.6B",
+        "dataset": {"path": "trl-lib/DeepMath-103K", "name": "default", "split": "train"},
+        "eval_dataset": {"path": "trl-lib/DeepMath-103K", "name": "default", "split": "validation"},
+        "reward_funcs": [
+            "my/reward-model",
+            "accuracy",
+            {"name": "soft_overlong_punishment", "max_completion_len": 1280, "soft_punish_cache": 256},
+            "my_lib.rewards:custom",
+            "format",
+        ],
+        "model_init_kwargs": {"revision": "main", "dtype": "bfloat16", "attn_implementation": "sdpa"},
+        "peft": {
+            "r": 8,
+            "lora_alpha": 32,
+            "lora_dropout": 0.05,
+            "task_type": "CAUSAL_LM",
+            "target_modules": ["q_proj"],
+        },
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        "eval_strategy": "steps",
+        "learning_rate": "1e-5",
+    }
+
+
+def test_no_eval_set_unless_an_eval_strategy_asks_as_trls_script() -> None:
+    assert "eval_dataset" not in trl_to_run({"dataset_name": "d", "eval_strategy": "no"})
+    assert "eval_dataset" not in trl_to_run({"dataset_name": "d"})
+
+
+def test_lora_flags_without_use_peft_are_ignored_with_a_warning_as_in_trl() -> None:
+    with pytest.warns(UserWarning, match="--lora_r, --lora_alpha ignored without --use_peft"):
+        run = trl_to_run({"lora_r": 4, "lora_alpha": 8})
+    assert "peft" not in run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trl_to_run({"use_peft": False}) == {}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"load_in_4bit": True}, "--load_in_4bit: quantized (QLoRA) loading needs bitsandbytes"),
+        ({"datasets": ["a"]}, "--datasets: dataset mixtures are not supported"),
+        ({"dataset_streaming": True}, "--dataset_streaming: rloo train reads its dataset into memory"),
+        ({"model_name_or_path": "a", "model": "b"}, "--model_name_or_path and `model` give two different values"),
+    ],
+)
+def test_what_rloo_cannot_do_is_refused_naming_the_flag(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        trl_to_run(flags)
+
+
+def test_trls_documented_command_line_resolves_with_the_program_name_changed(tmp_path: Path) -> None:
+    # the command TRL's RLOO docs show, with `trl rloo` -> `rloo train`; --print-config loads nothing
+    result = invoke(
+        "train",
+        "--model_name_or_path",
+        "Qwen/Qwen2-0.5B-Instruct",
+        "--dataset_name",
+        "trl-lib/DeepMath-103K",
+        "--reward_funcs",
+        "accuracy_reward",
+        "--output_dir",
+        str(tmp_path / "Qwen2-0.5B-RLOO"),
+        "--learning_rate",
+        "1e-6",
+        "--num_generations",
+        "8",
+        "--per_device_train_batch_size",
+        "8",
+        "--print-config",
+    )
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["model"] == "Qwen/Qwen2-0.5B-Instruct"
+    assert resolved["dataset"]["path"] == "trl-lib/DeepMath-103K" and resolved["dataset"]["split"] == "train"
+    assert resolved["reward_funcs"] == ["accuracy"]
+    assert (resolved["learning_rate"], resolved["num_generations"]) == (1e-6, 8)
+
+
+def test_config_file_with_env_and_flags_that_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLOO_TEST_VARIABLE", raising=False)
+    config = tmp_path / "rloo.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": "some/model",
+                "dataset_name": "some/data",
+                "reward_funcs": ["think_format_reward"],
+                "learning_rate": 3e-6,
+                "num_generations": 4,
+                "env": {"RLOO_TEST_VARIABLE": "set"},
+            }
+        )
+    )
+    result = invoke("train", "--config", config, "--learning_rate", "5e-6", "--print-config")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert (resolved["learning_rate"], resolved["num_generations"]) == (5e-6, 4)
+    assert resolved["reward_funcs"] == ["think_format"]
+    import os
+
+    assert os.environ["RLOO_TEST_VARIABLE"] == "set"
+    monkeypatch.delenv("RLOO_TEST_VARIABLE")
+
+
+def test_a_run_file_flags_and_overrides_combine_in_that_order(tmp_path: Path, files: dict[str, Path]) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        yaml.safe_dump(
+            {"model": str(files["model"]), "dataset": str(files["data"]), "reward_funcs": ["accuracy"], "seed": 1}
+        )
+    )
+    result = invoke("train", run, "--seed", "2", "--max_steps", "3", "max_steps=4", "--print-config")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert (resolved["seed"], resolved["max_steps"]) == (2, 4)
+
+
+def test_missing_pieces_name_the_trl_flag() -> None:
+    result = invoke("train", "--dataset_name", "d", "--reward_funcs", "accuracy_reward")
+    assert result.exit_code == 2
+    assert "the run file needs `model` (on the command line: --model_name_or_path)" in flat(result.output)
+    assert "give a run file" in flat(invoke("train").output)
+
+
+def test_training_from_trl_flags_alone(tmp_path: Path, files: dict[str, Path]) -> None:
+    out = tmp_path / "run"
+    result = invoke(
+        "train",
+        "--model_name_or_path",
+        files["model"],
+        "--dataset_name",
+        files["data"],
+        "--reward_funcs",
+        "tests.helpers.models.always_one",  # TRL's dotted import path
+        "--output_dir",
+        out,
+        "--max_steps",
+        "2",
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_completion_length",
+        "4",
+        "--logging_steps",
+        "1",
+        "--use_peft",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+    )
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in metrics if "reward" in row] == [1, 2]
+    assert all(row["reward"] == 1.0 for row in metrics if "reward" in row)
+    adapter = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["reward_funcs"] == ["tests.helpers.models:always_one"]
+
+
+def test_train_help_lists_every_config_field_with_its_default() -> None:
+    result = invoke("train", "--help")
+    assert result.exit_code == 0
+    text = flat(result.output)
+    for field in dataclasses.fields(RLOOConfig):
+        if field.init:
+            assert f"--{field.name} (default {field.default!r})" in text, field.name
+    assert "--model_name_or_path" in text and "--use_peft" in text
