@@ -127,7 +127,11 @@ def train(
     try:
         with _one_line_errors():
             checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
-            train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
+            trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
+        if trainer.ranks.distributed:  # every file is written: skip gloo's teardown at finalization
+            from rloo.training.distributed import exit_process
+
+            exit_process(0)
     except KeyboardInterrupt as stop:
         # exit 128 + the signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); resume only from a checkpoint
         code = stop.exit_code if isinstance(stop, TrainingInterrupted) else 130

@@ -36,8 +36,9 @@ import atexit
 import datetime
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -206,6 +207,19 @@ def release_process_group() -> None:
     except RuntimeError:
         pass
     dist.destroy_process_group()
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End a finished distributed process now: release the process group (every process waits for
+    the others), flush the output, and ``os._exit(code)``, skipping interpreter finalization. There,
+    objects that still hold gloo work (FSDP's sharded modules among them) are destroyed after the group,
+    and gloo aborts the process ("terminate called without an active exception", exit -6) now and then
+    (seen about once in 20 FSDP runs) although everything was written. ``rloo train`` ends this way;
+    a script under torchrun can end with it too."""
+    release_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _first(pair: tuple[int, Any]) -> int:

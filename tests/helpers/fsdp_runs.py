@@ -81,4 +81,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    from rloo.training.distributed import exit_process
+
     main(Path(sys.argv[1]))
+    exit_process(0)  # as rloo train ends: gloo's teardown at interpreter finalization can abort
