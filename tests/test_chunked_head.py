@@ -40,26 +40,53 @@ def rollout(
 
 
 def logprobs_and_grads(
-    model: Any, r: Rollout, chunked: bool, entropy_requires_grad: bool
+    model: Any,
+    r: Rollout,
+    chunked: bool,
+    entropy_requires_grad: bool = True,
+    share: bool = False,  # the chunked head alone here (tests/test_shared_prompt.py: with prompt sharing)
+    grad: bool = True,
 ) -> tuple[TokenLogprobs, list[torch.Tensor]]:
+    """The log-probs of ``r``'s completions and (``grad``) the gradients of a loss weighing every
+    token's log-prob and entropy differently."""
     model.zero_grad()
-    out = completion_logprobs(
-        model,
-        r.prompt_ids,
-        r.prompt_mask,
-        r.completion_ids,
-        r.completion_mask,
-        0.9,
-        with_entropy=True,
-        entropy_requires_grad=entropy_requires_grad,
-        vision=r.vision,
-        chunked_head=chunked,
-    )
+    with torch.set_grad_enabled(grad):
+        out = completion_logprobs(
+            model,
+            r.prompt_ids,
+            r.prompt_mask,
+            r.completion_ids,
+            r.completion_mask,
+            0.9,
+            with_entropy=True,
+            entropy_requires_grad=entropy_requires_grad,
+            vision=r.vision,
+            chunked_head=chunked,
+            share_prompts=share,
+        )
     assert out.entropy is not None
+    if not grad:
+        return out, []
     mask = r.completion_mask
-    weights = torch.linspace(-1.0, 1.0, mask.numel()).view_as(mask)  # every token's gradient weighs differently
+    weights = torch.linspace(-1.0, 1.0, mask.numel()).view_as(mask)
     ((out.logprobs * mask * weights).sum() + 0.1 * (out.entropy * mask).sum()).backward()
     return out, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_same_outputs(
+    ours: tuple[TokenLogprobs, list[torch.Tensor]],
+    theirs: tuple[TokenLogprobs, list[torch.Tensor]],
+    real: Any,
+    atol: float,
+) -> None:
+    """Log-probs and entropies equal at the real tokens, gradients equal, within float32 summation order."""
+    assert ours[0].entropy is not None and theirs[0].entropy is not None
+    torch.testing.assert_close(ours[0].logprobs[real], theirs[0].logprobs[real], atol=atol, rtol=0)
+    torch.testing.assert_close(ours[0].entropy[real], theirs[0].entropy[real], atol=atol, rtol=0)
+    assert len(ours[1]) == len(theirs[1])
+    for mine, other in zip(ours[1], theirs[1], strict=True):  # relative to the gradient's scale (recurrent
+        # layers sum a token's many paths in another order)
+        torch.testing.assert_close(mine, other, rtol=0, atol=atol * max(1.0, float(other.abs().max())))
 
 
 class HeadCalls:
@@ -83,13 +110,7 @@ def assert_chunked_equals_plain(model: Any, r: Rollout, monkeypatch: pytest.Monk
         calls = HeadCalls(model.get_output_embeddings())
         chunked, chunked_grads = logprobs_and_grads(model, r, True, entropy_requires_grad)
         calls.handle.remove()
-        assert chunked.entropy is not None and plain.entropy is not None
-        torch.testing.assert_close(chunked.logprobs[real], plain.logprobs[real], atol=1e-5, rtol=0)
-        torch.testing.assert_close(chunked.entropy[real], plain.entropy[real], atol=1e-5, rtol=0)
-        assert len(chunked_grads) == len(plain_grads)
-        for ours, theirs in zip(chunked_grads, plain_grads, strict=True):  # float32 summation order, relative
-            # to the gradient's scale (recurrent layers sum a token's many paths in another order)
-            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5 * max(1.0, float(theirs.abs().max())))
+        assert_same_outputs((chunked, chunked_grads), (plain, plain_grads), real, 1e-5)
         full = r.completion_ids.numel() * vocab
         if fast:  # the first position of each row (the check) and 5-token chunks: never the full logits
             assert calls.largest <= max(5, r.completion_ids.shape[0]) * vocab < full

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from rloo.algo.stats import softmax_entropy
 from rloo.generation.lm_head import chunked_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
+from rloo.generation.shared_prompt import shared_prompt_logprobs
 
 
 class _SelectiveLogprob(torch.autograd.Function):
@@ -91,6 +92,7 @@ def completion_logprobs(
     with_aux_loss: bool = False,
     vision: VisionInputs | None = None,
     chunked_head: bool = True,
+    share_prompts: bool = True,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -103,6 +105,8 @@ def completion_logprobs(
     ``chunked_head``: apply the LM head chunk by chunk (:mod:`rloo.generation.lm_head`), never building
     ``(N, Tc, V)`` logits; padding positions then get 0 (the plain path gives the pad token's log-prob
     there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
+    ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it
+    (:mod:`rloo.generation.shared_prompt`), where the model and rows allow it.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -125,6 +129,12 @@ def completion_logprobs(
     def score(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         return token_logprobs_and_entropy(logits, ids, temperature, with_entropy, entropy_requires_grad)
 
+    if chunked_head and share_prompts and vision is None and not with_aux_loss:
+        shared = shared_prompt_logprobs(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, score, with_entropy
+        )
+        if shared is not None:
+            return TokenLogprobs(*shared)
     fast = (
         chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy) if chunked_head else None
     )

@@ -2,7 +2,9 @@
 
 A micro-batch (``per_device_train_batch_size`` rows) is cut into passes that keep one
 float32 logits tensor within ``max_logits_memory_mb``; the loss of every pass is scaled by
-whole-step totals, so splitting changes memory, never the gradient.
+whole-step totals, so splitting changes memory, never the gradient. Where the model allows it
+(:func:`rloo.generation.logprobs.completion_logprobs`) a pass never builds those logits at all: the
+LM head runs in chunks of ~64 MiB, and rows of a pass with the same prompt share one forward of it.
 """
 
 from __future__ import annotations
