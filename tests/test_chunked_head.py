@@ -15,6 +15,7 @@ from rloo.algo.masks import completion_mask_from_lengths
 from rloo.generation.logprobs import TokenLogprobs, completion_logprobs
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
+from rloo.training.passes import max_rows_per_pass
 from tests.helpers.models import make_tokenizer
 from tests.helpers.vision import VISION_FAMILIES, build_vision
 from tests.test_model_families import FAMILIES, GQA, PROMPTS, build, encode_vision
@@ -133,16 +134,14 @@ def test_chunked_head_equals_the_plain_path_for_every_family(family: str, monkey
 def test_vision_chunked_head_equals_the_plain_path(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     processor, model = build_vision(family)
     ids, vision = encode_vision(processor)
-    r = rollout(model, processor.tokenizer, ids, vision)
-    rows = torch.tensor([0, 3, 6, 9])  # one row per prompt: LLaVA's plain forward refuses 6 of these rows at once
-    mask = completion_mask_from_lengths(torch.tensor([8, 3, 6, 2]), 8)  # cut short: padding in the pass
+    # no extra EOS ids: one could be an image placeholder, kept as the EOS it also is
+    r = rollout(model, processor.tokenizer, ids, vision, eos=())
+    lengths = torch.minimum(r.completion_mask.sum(dim=1), torch.tensor([8.0, 3, 6, 2] * 3))  # padding in the pass
+    mask = completion_mask_from_lengths(lengths.long(), r.completion_ids.shape[1])
     r = dataclasses.replace(
         r,
-        prompt_ids=r.prompt_ids[rows],
-        prompt_mask=r.prompt_mask[rows],
-        completion_ids=torch.where(mask.bool(), r.completion_ids[rows], processor.tokenizer.pad_token_id),
+        completion_ids=torch.where(mask.bool(), r.completion_ids, processor.tokenizer.pad_token_id),
         completion_mask=mask,
-        vision=None if r.vision is None else r.vision.select(rows),
     )
     assert_chunked_equals_plain(model, r, monkeypatch)
 
@@ -176,3 +175,16 @@ def test_a_model_without_output_embeddings_or_compiled_takes_the_plain_path() ->
     assert lm_head_module.chunkable_head(torch.compile(model)) is None
     model.get_output_embeddings = lambda: None  # type: ignore[method-assign]
     assert lm_head_module.chunkable_head(model) is None
+
+
+def test_passes_of_a_chunked_head_are_not_split_by_the_logits_budget() -> None:
+    tokenizer = make_tokenizer()
+    llama = build("llama", tokenizer)
+    config = transformers.GraniteConfig(vocab_size=len(tokenizer), logits_scaling=4.0, **GQA)
+    granite = transformers.GraniteForCausalLM(config).eval()
+    r = rollout(llama, tokenizer, [tokenizer.encode(text) for text in PROMPTS])
+    budget = 2 * r.prompt_ids.shape[1] * len(tokenizer) * 4 / 2**20  # a whole row's logits: 2 of them
+    assert max_rows_per_pass(llama, r, 1e-6, cap=8) == 8  # chunks: the budget bounds the chunk, not the rows
+    assert max_rows_per_pass(llama, r, budget, cap=8, compiled=True) == 1  # compiled passes: the plain path
+    assert not lm_head_module.head_is_exact(granite, r.completion_ids[:1, :2])  # a probe, no pass yet
+    assert max_rows_per_pass(granite, r, budget, cap=8) == 1

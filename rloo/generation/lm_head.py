@@ -5,14 +5,16 @@ floats (2 GiB in float32 for 16 rows of 1k tokens at a 32k vocabulary, 10 GiB at
 float32 copy and gradient in the backward. Here a forward pre-hook on the model's output embeddings
 takes the final hidden states ``h`` (the head's input) and hands the head only each row's first
 position, and the log-probs (and entropies) of the completion tokens are computed by applying the
-head to chunks of about ``2**24 / V`` real tokens (padding positions are skipped: their log-probs
-are 0). With gradient, each chunk is a ``torch.utils.checkpoint``: its logits are recomputed in the
-backward instead of kept, so the peak holds one chunk's logits whatever the vocabulary and length.
+head to chunks of real tokens whose float32 logits fit ``max_logits_memory_mb`` (64 MiB when no
+budget is given; padding positions are skipped: their log-probs are 0). With gradient, each chunk
+is a ``torch.utils.checkpoint``: its logits are recomputed in the backward instead of kept, so the
+peak holds one chunk's logits whatever the vocabulary, rows and length; passes are then not split by
+rows for the logits' sake (:func:`head_is_exact` tells the planner before the first pass).
 
 Exactness: the model's own logits of each row's first position (with whatever it does after the
 head) are compared, bit for bit, with the head applied here to the same hidden states, followed by
 Gemma2/3's ``final_logit_softcapping`` when the config sets one. A model that does anything else
-after its head (a logit scale or multiplier: Granite, Cohere, Falcon-H1) fails that check: the pass
+after its head (a logit scale or multiplier, e.g. Granite's ``logits_scaling``) fails that check: the pass
 is run again the plain way and that head is never chunked again. A model with no output embeddings
 module, or compiled with ``torch.compile`` (a hook would recompile it), always takes the plain path.
 """
@@ -29,8 +31,10 @@ from torch.utils.checkpoint import checkpoint
 
 # log-prob passes whose model's head did not pass the check: the plain path from then on
 _INEXACT_HEADS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-# elements of one chunk's float32 logits (64 MiB), as token_logprobs_and_entropy's row chunks
+# elements of one chunk's float32 logits (64 MiB) when the caller gives no budget
 CHUNK_ELEMENTS = 2**24
+# heads whose model's logits were checked equal to the chunked path's (a probe or a pass)
+_EXACT_HEADS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def chunkable_head(model: nn.Module) -> nn.Module | None:
@@ -82,6 +86,20 @@ def head_logits(head: nn.Module, hidden: Tensor, softcap: float | None) -> Tenso
     return logits
 
 
+def head_is_exact(model: nn.Module, ids: Tensor) -> bool:
+    """Whether ``model``'s log-prob passes take the chunked head: :func:`chunkable_head`, and a forward
+    of ``ids`` ``(1, L)`` (a probe, once per head, no gradient) gives the head's own logits. Lets a
+    caller size passes for the chunked path before running one."""
+    head = chunkable_head(model)
+    if head is None:
+        return False
+    if head not in _EXACT_HEADS:
+        with torch.no_grad(), HeadInputs(head) as inputs:
+            out = model(input_ids=ids, use_cache=False)
+        (_EXACT_HEADS if matches_model_logits(model, head, inputs.hidden, out.logits) else _INEXACT_HEADS).add(head)
+    return head in _EXACT_HEADS
+
+
 def matches_model_logits(model: nn.Module, head: nn.Module, hidden: Tensor | None, model_logits: Tensor) -> bool:
     """Whether the model's logits of each row's first kept position are the head's here, bit for bit."""
     if hidden is None:
@@ -96,7 +114,13 @@ Logprobs = tuple[Tensor, Tensor | None]
 
 
 def chunked_logprobs(
-    model: nn.Module, forward: Callable[[], Any], token_ids: Tensor, mask: Tensor, score: ChunkScore, with_entropy: bool
+    model: nn.Module,
+    forward: Callable[[], Any],
+    token_ids: Tensor,
+    mask: Tensor,
+    score: ChunkScore,
+    with_entropy: bool,
+    chunk_elements: int | None = None,
 ) -> tuple[Any, Logprobs] | None:
     """``forward()``'s output (its ``logits`` only each row's first position) and the log-probs (and
     entropies) of ``token_ids`` ``(N, Tc)`` by the chunked head (:func:`chunked_head_logprobs`); None
@@ -115,7 +139,8 @@ def chunked_logprobs(
     ):
         _INEXACT_HEADS.add(head)
         return None
-    return out, chunked_head_logprobs(model, head, hidden, token_ids, mask, score, with_entropy)
+    _EXACT_HEADS.add(head)
+    return out, chunked_head_logprobs(model, head, hidden, token_ids, mask, score, with_entropy, chunk_elements)
 
 
 def chunked_head_logprobs(
@@ -126,12 +151,14 @@ def chunked_head_logprobs(
     mask: Tensor,
     score: ChunkScore,
     with_entropy: bool,
+    chunk_elements: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) ``(N, Tc)`` of ``token_ids`` from the head's inputs ``hidden``
     ``(N, Tc, D)``, chunk by chunk over the real tokens of ``mask``; 0 at padding.
 
     ``score(logits (1, n, V), ids (1, n))`` turns one chunk's logits into its ``(1, n)`` log-probs and
     entropies (or None). With gradient enabled each chunk is checkpointed (logits recomputed in backward).
+    ``chunk_elements``: logits per chunk (None: :data:`CHUNK_ELEMENTS`).
     """
     softcap = _softcap(model)
     real = mask.bool()
@@ -141,7 +168,7 @@ def chunked_head_logprobs(
         return score(head_logits(head, h.unsqueeze(0), softcap), ids.unsqueeze(0))
 
     weight: Tensor = getattr(head, "weight")  # noqa: B009 (typed as a Tensor here)
-    size = max(1, CHUNK_ELEMENTS // int(weight.shape[0]))
+    size = max(1, (chunk_elements or CHUNK_ELEMENTS) // int(weight.shape[0]))
     logprobs, entropies = [], []
     for start in range(0, flat_ids.shape[0], size):
         h, ids = flat_hidden[start : start + size], flat_ids[start : start + size]

@@ -93,6 +93,7 @@ def completion_logprobs(
     vision: VisionInputs | None = None,
     chunked_head: bool = True,
     share_prompts: bool = True,
+    max_logits_mib: float | None = None,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -106,7 +107,8 @@ def completion_logprobs(
     ``(N, Tc, V)`` logits; padding positions then get 0 (the plain path gives the pad token's log-prob
     there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
     ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it
-    (:mod:`rloo.generation.shared_prompt`), where the model and rows allow it.
+    (:mod:`rloo.generation.shared_prompt`), where the model and rows allow it. ``max_logits_mib``: the
+    chunked head's float32 logits per chunk (None: 64 MiB).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -129,15 +131,15 @@ def completion_logprobs(
     def score(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         return token_logprobs_and_entropy(logits, ids, temperature, with_entropy, entropy_requires_grad)
 
+    chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
     if chunked_head and share_prompts and vision is None and not with_aux_loss:
-        shared = shared_prompt_logprobs(
-            model, prompt_ids, prompt_mask, completion_ids, completion_mask, score, with_entropy
-        )
+        sharing = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        shared = shared_prompt_logprobs(model, *sharing, score, with_entropy, chunk)
         if shared is not None:
             return TokenLogprobs(*shared)
-    fast = (
-        chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy) if chunked_head else None
-    )
+    fast = None
+    if chunked_head:
+        fast = chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy, chunk)
     if fast is not None:
         out, (logprobs, entropy) = fast
     else:  # the plain path: the model's (N, Tc, V) logits

@@ -107,6 +107,7 @@ def shared_prompt_logprobs(
     completion_mask: Tensor,
     score: ChunkScore,
     with_entropy: bool,
+    chunk_elements: int | None = None,
 ) -> Logprobs | None:
     """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.generation.logprobs.completion_logprobs`
     (text rows, no aux loss), each distinct prompt run once; None where the plain pass must run."""
@@ -140,4 +141,6 @@ def shared_prompt_logprobs(
             _UNSHARED_MODELS.add(model)
             return None
         hidden = torch.cat([hidden, rest[1]], dim=1)
-    return chunked_head_logprobs(model, head, hidden, completion_ids, completion_mask, score, with_entropy)
+    return chunked_head_logprobs(
+        model, head, hidden, completion_ids, completion_mask, score, with_entropy, chunk_elements
+    )

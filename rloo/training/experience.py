@@ -78,7 +78,9 @@ class ExperienceMaker:
         old_logprobs = None
         if args.optimizer_steps_per_generation > 1:
             max_rows = self.max_rows(rollout)
-            old_logprobs = no_grad_logprobs(self.model(), rollout, args.temperature, max_rows, self.autocast)
+            old_logprobs = no_grad_logprobs(
+                self.model(), rollout, args.temperature, max_rows, self.autocast, args.max_logits_memory_mb
+            )
         t1 = time.perf_counter()  # 4. advantages
         per_token_kl = None
         if reference_logprobs is not None:
@@ -131,10 +133,13 @@ class ExperienceMaker:
         return metrics
 
     def max_rows(self, rollout: Rollout, cap: int | None = None) -> int:
-        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``)."""
+        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``). ``cap`` given:
+        the training passes', compiled under ``torch_compile`` (sampling and the reference stay eager)."""
+        compiled = cap is not None and self.args.torch_compile
         cap = cap or rollout.completion_ids.shape[0]
-        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap)
+        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap, compiled)
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:
-            return no_grad_logprobs(reference, rollout, self.args.temperature, self.max_rows(rollout), self.autocast)
+            max_rows, budget = self.max_rows(rollout), self.args.max_logits_memory_mb
+            return no_grad_logprobs(reference, rollout, self.args.temperature, max_rows, self.autocast, budget)

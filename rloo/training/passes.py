@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.algo.stats import masked_mean
 from rloo.config.presets import AlgorithmSpec
+from rloo.generation.lm_head import head_is_exact
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout
 from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
@@ -27,8 +28,13 @@ from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
 Autocast = Callable[[], AbstractContextManager[Any]]
 
 
-def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int) -> int:
-    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``."""
+def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int, compiled: bool = False) -> int:
+    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``; ``cap`` where
+    the passes take the chunked head (:func:`rloo.generation.lm_head.head_is_exact`), whose logits fit
+    the budget chunk by chunk whatever the rows (their activations are the micro-batch's, as in TRL).
+    ``compiled``: the passes run ``model`` through ``torch.compile``, which takes the plain path."""
+    if not compiled and head_is_exact(model, rollout.completion_ids[:1, :2]):
+        return cap
     length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]  # type: ignore[operator]
     return rows_per_pass(length, int(vocab), budget_mib, cap)
@@ -41,8 +47,10 @@ def no_grad_logprobs(
     temperature: float,
     max_rows: int,
     autocast: Autocast = contextlib.nullcontext,
+    max_logits_mib: float | None = None,
 ) -> Tensor:
-    """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked."""
+    """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked.
+    ``max_logits_mib``: the chunked head's logits per chunk (:func:`completion_logprobs`)."""
     out = torch.zeros_like(rollout.sampling_logprobs)
     all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
     for rows in plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows):
@@ -56,6 +64,7 @@ def no_grad_logprobs(
                 rollout.completion_mask[rows, :tc],
                 temperature,
                 vision=None if rollout.vision is None else rollout.vision.select(rows),
+                max_logits_mib=max_logits_mib,
             ).logprobs
         out[rows, : lp.shape[1]] = lp.float()
     return out * rollout.completion_mask
@@ -83,6 +92,7 @@ def pass_loss(
     temperature: float,
     entropy_coef: float,
     aux_loss_coef: float = 0.0,
+    max_logits_mib: float | None = None,
     **objective: Any,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
@@ -105,6 +115,7 @@ def pass_loss(
         entropy_requires_grad=entropy_coef > 0,
         with_aux_loss=aux_loss_coef > 0,
         vision=rows.vision,
+        max_logits_mib=max_logits_mib,
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None

@@ -101,6 +101,7 @@ class Updater:
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
                     aux_loss_coef=self.aux_loss_coef,
+                    max_logits_mib=args.max_logits_memory_mb,
                     total_tokens=tokens,
                     total_sequences=sequences,
                     **self.objective,
