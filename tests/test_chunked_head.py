@@ -188,3 +188,20 @@ def test_passes_of_a_chunked_head_are_not_split_by_the_logits_budget() -> None:
     assert max_rows_per_pass(llama, r, budget, cap=8, compiled=True) == 1  # compiled passes: the plain path
     assert not lm_head_module.head_is_exact(granite, r.completion_ids[:1, :2])  # a probe, no pass yet
     assert max_rows_per_pass(granite, r, budget, cap=8) == 1
+
+
+def test_the_probe_depends_on_the_model_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = make_tokenizer()
+    model = build("llama", tokenizer)
+    ids = torch.tensor([[5, 6]])
+    assert lm_head_module.head_is_exact(model, ids)
+    lm_head_module._INEXACT_HEADS.add(model.get_output_embeddings())  # a pass's check failed (under autocast)
+    assert lm_head_module.chunkable_head(model) is None and lm_head_module.head_is_exact(model, ids)
+    other = build("qwen2", tokenizer)
+
+    def needs_more(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("pixel_values are required")
+
+    monkeypatch.setattr(other, "forward", needs_more)
+    assert not lm_head_module.head_is_exact(other, ids)  # a probe that cannot run: the row split
+    assert other.get_output_embeddings() not in lm_head_module._PROBED  # asked again next time

@@ -33,19 +33,22 @@ from torch.utils.checkpoint import checkpoint
 _INEXACT_HEADS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 # elements of one chunk's float32 logits (64 MiB) when the caller gives no budget
 CHUNK_ELEMENTS = 2**24
-# heads whose model's logits were checked equal to the chunked path's (a probe or a pass)
-_EXACT_HEADS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+# each probed head's verdict (:func:`head_is_exact`): a fact of the model, never of a pass's history
+_PROBED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
-def chunkable_head(model: nn.Module) -> nn.Module | None:
-    """The module the chunked path applies as ``model``'s head, or None where it takes the plain path."""
+def _output_head(model: nn.Module) -> nn.Module | None:
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         return None
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    if not isinstance(head, nn.Module) or head in _INEXACT_HEADS or getattr(head, "weight", None) is None:
-        return None
-    return head
+    return head if isinstance(head, nn.Module) and getattr(head, "weight", None) is not None else None
+
+
+def chunkable_head(model: nn.Module) -> nn.Module | None:
+    """The module the chunked path applies as ``model``'s head, or None where it takes the plain path."""
+    head = _output_head(model)
+    return None if head is None or head in _INEXACT_HEADS else head
 
 
 def _softcap(model: nn.Module) -> float | None:
@@ -89,15 +92,21 @@ def head_logits(head: nn.Module, hidden: Tensor, softcap: float | None) -> Tenso
 def head_is_exact(model: nn.Module, ids: Tensor) -> bool:
     """Whether ``model``'s log-prob passes take the chunked head: :func:`chunkable_head`, and a forward
     of ``ids`` ``(1, L)`` (a probe, once per head, no gradient) gives the head's own logits. Lets a
-    caller size passes for the chunked path before running one."""
-    head = chunkable_head(model)
+    caller size passes for the chunked path before running one; False when the probe cannot run. The
+    verdict depends on the model only (not on which passes ran before), so a resumed run plans its
+    passes as the run it resumes. A probe passed in float32 whose passes fail the check under autocast
+    (rare) runs them the plain way on passes sized for the chunked head."""
+    head = _output_head(model)
     if head is None:
         return False
-    if head not in _EXACT_HEADS:
+    if head not in _PROBED:
         with torch.no_grad(), HeadInputs(head) as inputs:
-            out = model(input_ids=ids, use_cache=False)
-        (_EXACT_HEADS if matches_model_logits(model, head, inputs.hidden, out.logits) else _INEXACT_HEADS).add(head)
-    return head in _EXACT_HEADS
+            try:
+                out = model(input_ids=ids, use_cache=False)
+            except (ValueError, TypeError, RuntimeError):  # a forward that needs more inputs than token ids
+                return False  # its passes, with their inputs, still check the head themselves
+        _PROBED[head] = matches_model_logits(model, head, inputs.hidden, out.logits)
+    return _PROBED[head]
 
 
 def matches_model_logits(model: nn.Module, head: nn.Module, hidden: Tensor | None, model_logits: Tensor) -> bool:
@@ -139,7 +148,6 @@ def chunked_logprobs(
     ):
         _INEXACT_HEADS.add(head)
         return None
-    _EXACT_HEADS.add(head)
     return out, chunked_head_logprobs(model, head, hidden, token_ids, mask, score, with_entropy, chunk_elements)
 
 
