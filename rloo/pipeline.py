@@ -64,6 +64,7 @@ class RolloutSettings:
     extra_eos_token_ids: tuple[int, ...] = ()  # besides the tokenizer's and generation_config's
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=False
     pad_to_multiple_of: int | None = None  # token tensors padded to a multiple of it (masked)
+    compact_at: float | None = None  # sampler_compaction: finished rows leave the decode batch
 
     @classmethod
     def from_config(cls, args: Any, num_generations: int | None = None) -> RolloutSettings:
@@ -78,6 +79,7 @@ class RolloutSettings:
             extra_eos_token_ids=args.extra_eos_token_ids,
             chat_template_kwargs=dict(args.chat_template_kwargs or {}),
             pad_to_multiple_of=args.pad_to_multiple_of,
+            compact_at=args.sampler_compaction,
         )
 
 
@@ -173,6 +175,7 @@ def generate_and_score(
                 stop=stop,
                 vision=vision,
                 all_done=all_done,
+                compact_at=settings.compact_at,
             )
     finally:
         model.train(was_training)

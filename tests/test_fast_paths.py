@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pytest import MonkeyPatch
 
+import rloo.training.passes as passes_module
 from rloo.training.passes import no_grad_logprobs
 from tests.helpers.models import dataset, frac7, params, trainer
 
@@ -75,11 +77,25 @@ def test_all_rows_skipped_still_steps_like_zero_gradients(tmp_path: Path) -> Non
     )
 
 
-def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path) -> None:
+def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
     # one step: later steps start from parameters that differ by float rounding amplified by Adam
     common: dict[str, Any] = {"max_steps": 1, "beta": 0.05, "per_device_train_batch_size": 16}
-    one_row = step_gradients(tmp_path / "small", max_logits_memory_mb=1e-6, **common)  # one row per pass
-    assert_same_gradients(one_row, step_gradients(tmp_path / "big", max_logits_memory_mb=1e4, **common))
+    big = step_gradients(tmp_path / "big", max_logits_memory_mb=1e4, **common)
+    rows: list[int] = []
+    plan = passes_module.plan_passes
+
+    def spy(all_rows: torch.Tensor, lengths: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
+        rows.append(max_rows)
+        return plan(all_rows, lengths, max_rows)
+
+    monkeypatch.setattr(passes_module, "plan_passes", spy)
+    # the chunked head: whole passes, the LM head one token at a time
+    assert_same_gradients(step_gradients(tmp_path / "chunks", max_logits_memory_mb=1e-6, **common), big)
+    assert rows and min(rows) > 1
+    monkeypatch.setattr(passes_module, "head_is_exact", lambda model, ids: False)  # the plain path: one row per pass
+    rows.clear()
+    assert_same_gradients(step_gradients(tmp_path / "small", max_logits_memory_mb=1e-6, **common), big)
+    assert rows and max(rows) == 1
 
 
 def test_sampling_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:

@@ -306,7 +306,7 @@ class RLOOFields:
     )
     max_logits_memory_mb: float = option(
         256.0,
-        "MiB, > 0: forward passes are split so one float32 logits tensor stays under it (no gradient changes).",
+        "MiB, > 0: float32 logits stay under it: the LM head runs in chunks of it (else passes split by rows).",
         trl=None,
     )
     model_init_kwargs: Mapping[str, Any] | None = option(

@@ -49,6 +49,14 @@ class PlumbingFields:
         "turns torch_compile on.",
         trl="torch_compile_mode",
     )
+    sampler_compaction: float | None = option(
+        None,
+        "Finished rows leave the sampler's decode batch once they are this fraction of it (e.g. 0.25): less "
+        "work when completion lengths vary. Exact up to float rounding: a row decoded in a smaller batch can "
+        "differ in the last bits, which can flip a rare sampled token, so a run with it is not bit-comparable "
+        "with one without, or across process counts. None = off.",
+        trl=None,
+    )
     push_to_hub: bool = option(
         False,
         "At the end of training, upload the final model with a model card to hub_model_id (or trainer.push_to_hub()); "

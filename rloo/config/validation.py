@@ -240,6 +240,8 @@ def _check_trl_inputs(config: RLOOConfig) -> None:
             config.cache_implementation,
             "only None or 'dynamic': rloo's sampler keeps its own preallocated KV cache",
         )
+    if config.sampler_compaction is not None and not 0 < config.sampler_compaction <= 1:
+        raise fail("sampler_compaction", config.sampler_compaction, "must be in (0, 1] (e.g. 0.25), or None for off")
     if config.pad_to_multiple_of is not None and config.pad_to_multiple_of < 1:
         raise fail("pad_to_multiple_of", config.pad_to_multiple_of, "must be >= 1, or None for no extra padding")
     if config.per_device_eval_batch_size is not None and config.per_device_eval_batch_size < 1:

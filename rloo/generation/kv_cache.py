@@ -16,6 +16,10 @@ which copies the whole cache each step: O(T^2) memory traffic, 29% of CPU sampli
 views of its filled part, so attention still sees exactly the tokens so far. Layers of
 another kind (sliding windows, linear attention and hybrid layers, other cache classes)
 are left as they are.
+
+Row selection (:func:`select_rows`): the sampler drops finished rows from its decode batch
+(compaction), keeping only the rows of every per-row state that are still decoding; the same
+table says which states those are, and a cache it does not know is never compacted.
 """
 
 from __future__ import annotations
@@ -67,6 +71,15 @@ def _repeat_rows(value: Any, repeats: int) -> Any:
     if isinstance(value, dict):
         return {key: _repeat_rows(item, repeats) for key, item in value.items()}
     return value  # None: a state this prefill did not fill
+
+
+def _select(value: Any, indices: torch.Tensor) -> Any:
+    """Rows ``indices`` of every tensor in ``value`` (a tensor, or a dict of tensors and Nones)."""
+    if isinstance(value, torch.Tensor):  # an unfilled layer's keys are an empty 1-D tensor
+        return value if value.dim() <= 1 and value.numel() == 0 else value.index_select(0, indices)
+    if isinstance(value, dict):
+        return {key: _select(item, indices) for key, item in value.items()}
+    return value
 
 
 def unshareable_layers(cache: Any) -> list[str]:
@@ -121,6 +134,44 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._length = end
         self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
         return self.keys, self.values
+
+    def select_rows(self, indices: torch.Tensor) -> None:
+        """Keep rows ``indices`` (their filled part copied into a new buffer of the same capacity)."""
+        capacity, length = self._key_buffer.shape[-2], self._length
+        keys, values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+        self._key_buffer = keys.new_empty((len(indices), keys.shape[1], capacity, keys.shape[-1]))
+        self._value_buffer = values.new_empty((len(indices), values.shape[1], capacity, values.shape[-1]))
+        self._key_buffer[:, :, :length] = keys.index_select(0, indices)
+        self._value_buffer[:, :, :length] = values.index_select(0, indices)
+        self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+
+
+def can_select_rows(cache: Any) -> bool:
+    """Whether :func:`select_rows` keeps every per-row state of ``cache``: a plain ``DynamicCache`` whose
+    layers are preallocated or of a type :func:`unshareable_layers` knows, holding no other tensor."""
+    if type(cache) is not DynamicCache or _tensor_attributes(cache) - {"layers"}:
+        return False
+    buffers = {"_key_buffer", "_value_buffer", "keys", "values"}
+    for layer in cache.layers:
+        if type(layer) is PreallocatedLayer:
+            if _tensor_attributes(layer) - buffers:
+                return False
+            continue
+        states = ROW_STATES.get(type(layer))
+        if states is None or _tensor_attributes(layer) - set(states) - _SHARED_TENSORS:
+            return False
+    return True
+
+
+def select_rows(cache: Any, indices: torch.Tensor) -> None:
+    """Keep rows ``indices`` (a long tensor, in order) of every per-row state of ``cache``, in place.
+    Only for a cache :func:`can_select_rows` accepts."""
+    for layer in cache.layers:
+        if type(layer) is PreallocatedLayer:
+            layer.select_rows(indices)
+            continue
+        for name in ROW_STATES[type(layer)]:
+            setattr(layer, name, _select(getattr(layer, name), indices))
 
 
 def preallocate(cache: Any, extra_tokens: int) -> Any:

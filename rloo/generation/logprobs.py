@@ -1,8 +1,10 @@
 """Log-probabilities of completion tokens under a model (policy or reference).
 
 ``log pi(y_t | x, y_<t) = z[y_t] - logsumexp(z)`` with ``z = logits / T`` and T the
-sampling temperature (as TRL), computed for the sampled tokens only ("selective"), in row
-chunks so the full-vocabulary log-softmax is never materialized for the whole batch.
+sampling temperature (as TRL), computed for the sampled tokens only ("selective"). By default the
+LM head itself is applied chunk by chunk over the real completion tokens
+(:mod:`rloo.generation.lm_head`), so neither the ``(N, Tc, V)`` logits nor their log-softmax is ever
+built; a model it cannot reproduce exactly gets the model's own logits, log-softmaxed in row chunks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.stats import softmax_entropy
+from rloo.generation.lm_head import chunked_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
+from rloo.generation.shared_prompt import shared_prompt_logprobs
 
 
 class _SelectiveLogprob(torch.autograd.Function):
@@ -87,6 +91,9 @@ def completion_logprobs(
     entropy_requires_grad: bool = False,
     with_aux_loss: bool = False,
     vision: VisionInputs | None = None,
+    chunked_head: bool = True,
+    share_prompts: bool = True,
+    max_logits_mib: float | None = None,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -96,6 +103,12 @@ def completion_logprobs(
     gradient only with ``entropy_requires_grad`` (for an entropy bonus); else it is a metric.
     ``with_aux_loss``: ask a mixture-of-experts model for its router logits and return its ``aux_loss``.
     ``vision``: the rows' image inputs (a vision-language policy), as the sampler's prefill saw them.
+    ``chunked_head``: apply the LM head chunk by chunk (:mod:`rloo.generation.lm_head`), never building
+    ``(N, Tc, V)`` logits; padding positions then get 0 (the plain path gives the pad token's log-prob
+    there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
+    ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it
+    (:mod:`rloo.generation.shared_prompt`), where the model and rows allow it. ``max_logits_mib``: the
+    chunked head's float32 logits per chunk (None: 64 MiB).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -103,16 +116,33 @@ def completion_logprobs(
     # the positions that predict the completion tokens: asking for exactly these avoids
     # slicing (and a full-size zero-filled gradient for the slice) on the logits
     positions = torch.arange(length - tc - 1, length - 1, device=input_ids.device)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention,
-        position_ids=prompt_positions(model, input_ids, attention, vision).position_ids,
-        logits_to_keep=positions,
-        use_cache=False,
-        **({"output_router_logits": True} if with_aux_loss else {}),
-        **({} if vision is None else vision.model_inputs(tc)),
-    )
-    logprobs, entropy = token_logprobs_and_entropy(
-        out.logits, completion_ids, temperature, with_entropy, entropy_requires_grad
-    )
+
+    def forward() -> Any:
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=prompt_positions(model, input_ids, attention, vision).position_ids,
+            logits_to_keep=positions,
+            use_cache=False,
+            **({"output_router_logits": True} if with_aux_loss else {}),
+            **({} if vision is None else vision.model_inputs(tc)),
+        )
+
+    def score(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        return token_logprobs_and_entropy(logits, ids, temperature, with_entropy, entropy_requires_grad)
+
+    chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
+    if chunked_head and share_prompts and vision is None and not with_aux_loss:
+        sharing = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        shared = shared_prompt_logprobs(model, *sharing, score, with_entropy, chunk)
+        if shared is not None:
+            return TokenLogprobs(*shared)
+    fast = None
+    if chunked_head:
+        fast = chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy, chunk)
+    if fast is not None:
+        out, (logprobs, entropy) = fast
+    else:  # the plain path: the model's (N, Tc, V) logits
+        out = forward()
+        logprobs, entropy = score(out.logits, completion_ids)
     return TokenLogprobs(logprobs, entropy, out.aux_loss if with_aux_loss else None)

@@ -4,7 +4,8 @@ The sampling loop is ours rather than ``model.generate``: each prompt is prefill
 and its cache repeated for its K samples (no K-fold prompt prefill; every state of every
 layer, hybrid and state-space ones included: :mod:`rloo.generation.kv_cache`), sampling is one
 fused step (:func:`rloo.generation.sampling.sample_next_token`), the loop stops as soon as every row
-has emitted EOS, and the log-prob of each sampled token under the sampling policy is
+has emitted EOS, rows that have ended leave the decode batch (:mod:`rloo.generation.decoding`),
+and the log-prob of each sampled token under the sampling policy is
 recorded on the way, so no extra forward pass is needed for it.
 """
 
@@ -19,8 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
-from rloo.generation.kv_cache import preallocate, share_prefill
-from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions, step_positions
+from rloo.generation.decoding import DecodeBatch, step_draws
+from rloo.generation.kv_cache import can_select_rows, preallocate, share_prefill
+from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
 
@@ -160,6 +162,7 @@ def generate_rollouts(
     stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
     vision: VisionInputs | None = None,
     all_done: Callable[[bool], bool] | None = None,
+    compact_at: float | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
@@ -172,6 +175,8 @@ def generate_rollouts(
     completion then ends, truncated, before any image placeholder token it samples.
     ``all_done(done)``: whether every process is done, when several decode in lockstep (sharded
     parameters: each forward is a collective); a finished process then keeps decoding padding.
+    ``compact_at``: finished rows leave the decode batch once they are this fraction of it
+    (:mod:`rloo.generation.decoding`; exact, and only for a cache it can select rows of); None never.
     """
     device = next(model.parameters()).device
     k = num_generations
@@ -181,27 +186,23 @@ def generate_rollouts(
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
     vision = None if vision is None else vision.to(device)
     filled = prefill(model, ids, mask, k, vision)
-    keyword, logits = filled.keyword, filled.logits
-    cache = preallocate(filled.cache, max_new_tokens)
     prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
-    attention = prompt_mask_k
-    next_position = attention.sum(dim=1, keepdim=True)
+    total = prompt_ids_k.shape[0]
+    batch = DecodeBatch.start(filled, preallocate(filled.cache, max_new_tokens), prompt_ids_k, prompt_mask_k)
+    compact_at = compact_at if can_select_rows(batch.cache) else None
     eos = torch.tensor(list(eos_token_ids), device=device)
     placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
-    finished = torch.zeros(ids.shape[0] * k, dtype=torch.bool, device=device)
+    finished = torch.zeros(total, dtype=torch.bool, device=device)
     cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
     lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
-    # the penalty's history must skip left padding (as transformers does): fill the padding
-    # with the row's last prompt token, which is penalized once either way
-    history = torch.where(prompt_mask_k.bool(), prompt_ids_k, prompt_ids_k[:, -1:])
     for step in range(max_new_tokens):
-        draws = None if uniforms is None else uniforms[:, step]
-        token, logprob = sample_next_token(logits, history, params, generator, draws)
-        token = torch.where(finished, pad_token_id, token)
+        draws = step_draws(uniforms, step, batch.rows, total, params, generator)
+        token, logprob = sample_next_token(batch.logits, batch.history, params, generator, draws)
+        token = torch.where(finished, pad_token_id, batch.full(token, pad_token_id))
         tokens.append(token)
-        logprobs.append(logprob)
+        logprobs.append(batch.full(logprob, 0.0))
         ends = ~finished & torch.isin(token, eos)
         if stop is not None:
             ends |= stop(tokens, ~finished)
@@ -213,19 +214,9 @@ def generate_rollouts(
         done = bool(finished.all())
         if (all_done(done) if all_done is not None else done) or step == max_new_tokens - 1:
             break
-        if params.repetition_penalty != 1.0:
-            history = torch.cat([history, token.unsqueeze(1)], dim=1)
-        attention = torch.cat([attention, torch.ones_like(token).unsqueeze(1)], dim=1)
-        out = model(
-            input_ids=token.unsqueeze(1),
-            # Mamba-style models mask each input position: a step's mask is its new token's
-            attention_mask=attention if keyword == "past_key_values" else attention[:, -1:],
-            position_ids=step_positions(next_position, filled.rope_deltas),
-            use_cache=True,
-            **{keyword: cache},
-        )
-        cache, logits = getattr(out, keyword), out.logits[:, -1]
-        next_position = next_position + 1
+        if compact_at is not None:
+            batch.compact(finished, compact_at)
+        batch.advance(model, token[batch.rows], params.repetition_penalty != 1.0)
     completion_ids = torch.stack(tokens, dim=1)
     completion_mask = completion_mask_from_lengths(lengths, completion_ids.shape[1])
     completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)

@@ -79,7 +79,14 @@ class ExperienceMaker:
         if args.optimizer_steps_per_generation > 1:
             max_rows = self.max_rows(rollout)
             old_logprobs = no_grad_logprobs(
-                self.model(), rollout, args.temperature, max_rows, self.autocast, self.ranks.count_everywhere
+                self.model(),
+                rollout,
+                args.temperature,
+                max_rows,
+                self.autocast,
+                self.ranks.count_everywhere,
+                args.max_logits_memory_mb,
+                share_prompts=not self.ranks.lockstep,
             )
         t1 = time.perf_counter()  # 4. advantages
         per_token_kl = None
@@ -133,11 +140,15 @@ class ExperienceMaker:
         return metrics
 
     def max_rows(self, rollout: Rollout, cap: int | None = None) -> int:
-        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``)."""
+        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``). ``cap`` given:
+        the training passes', compiled under ``torch_compile`` (sampling and the reference stay eager)."""
+        compiled = cap is not None and self.args.torch_compile
         cap = cap or rollout.completion_ids.shape[0]
-        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap)
+        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap, compiled)
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:
             max_rows, count = self.max_rows(rollout), self.ranks.count_everywhere  # lockstep: sharded
-            return no_grad_logprobs(reference, rollout, self.args.temperature, max_rows, self.autocast, count)
+            budget, share = self.args.max_logits_memory_mb, not self.ranks.lockstep
+            temperature = self.args.temperature
+            return no_grad_logprobs(reference, rollout, temperature, max_rows, self.autocast, count, budget, share)

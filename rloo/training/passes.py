@@ -2,7 +2,9 @@
 
 A micro-batch (``per_device_train_batch_size`` rows) is cut into passes that keep one
 float32 logits tensor within ``max_logits_memory_mb``; the loss of every pass is scaled by
-whole-step totals, so splitting changes memory, never the gradient.
+whole-step totals, so splitting changes memory, never the gradient. Where the model allows it
+(:func:`rloo.generation.logprobs.completion_logprobs`) a pass never builds those logits at all: the
+LM head runs in chunks of ~64 MiB, and rows of a pass with the same prompt share one forward of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.algo.stats import masked_mean
 from rloo.config.presets import AlgorithmSpec
+from rloo.generation.lm_head import head_is_exact
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout
 from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
@@ -25,8 +28,13 @@ from rloo.training.batches import Pass, PassResult, plan_passes, rows_per_pass
 Autocast = Callable[[], AbstractContextManager[Any]]
 
 
-def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int) -> int:
-    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``."""
+def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int, compiled: bool = False) -> int:
+    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``; ``cap`` where
+    the passes take the chunked head (:func:`rloo.generation.lm_head.head_is_exact`), whose logits fit
+    the budget chunk by chunk whatever the rows (their activations are the micro-batch's, as in TRL).
+    ``compiled``: the passes run ``model`` through ``torch.compile``, which takes the plain path."""
+    if not compiled and head_is_exact(model, rollout.completion_ids[:1, :2]):
+        return cap
     length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]  # type: ignore[operator]
     return rows_per_pass(length, int(vocab), budget_mib, cap)
@@ -40,11 +48,15 @@ def no_grad_logprobs(
     max_rows: int,
     autocast: Autocast = contextlib.nullcontext,
     count_everywhere: Callable[[int], int] | None = None,
+    max_logits_mib: float | None = None,
+    share_prompts: bool = True,
 ) -> Tensor:
     """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked.
 
     ``count_everywhere(n)``: the number of passes every process runs (lockstep, FSDP); passes
-    beyond this process's own repeat its first and are dropped."""
+    beyond this process's own repeat its first and are dropped. ``max_logits_mib``: the chunked
+    head's logits per chunk; ``share_prompts``: rows may share a prompt's forward (off in lockstep:
+    it changes the number of forwards, each a collective under FSDP) (:func:`completion_logprobs`)."""
     out = torch.zeros_like(rollout.sampling_logprobs)
     all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
     passes = plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows)
@@ -61,6 +73,8 @@ def no_grad_logprobs(
                 rollout.completion_mask[rows, :tc],
                 temperature,
                 vision=None if rollout.vision is None else rollout.vision.select(rows),
+                share_prompts=share_prompts,
+                max_logits_mib=max_logits_mib,
             ).logprobs
         if i < len(passes):
             out[rows, : lp.shape[1]] = lp.float()
@@ -89,6 +103,8 @@ def pass_loss(
     temperature: float,
     entropy_coef: float,
     aux_loss_coef: float = 0.0,
+    max_logits_mib: float | None = None,
+    share_prompts: bool = True,
     **objective: Any,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
@@ -99,6 +115,7 @@ def pass_loss(
     ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
     load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
     adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
+    ``max_logits_mib``, ``share_prompts``: as :func:`no_grad_logprobs` takes them.
     """
     current = completion_logprobs(
         model,
@@ -111,6 +128,8 @@ def pass_loss(
         entropy_requires_grad=entropy_coef > 0,
         with_aux_loss=aux_loss_coef > 0,
         vision=rows.vision,
+        share_prompts=share_prompts,
+        max_logits_mib=max_logits_mib,
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None

@@ -106,6 +106,8 @@ class Updater:
                     temperature=args.temperature,
                     entropy_coef=args.entropy_coef,
                     aux_loss_coef=self.aux_loss_coef,
+                    max_logits_mib=args.max_logits_memory_mb,
+                    share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
                     total_tokens=tokens,
                     total_sequences=sequences,
                     **self.objective,
