@@ -34,7 +34,9 @@ import json
 import sys
 import tempfile
 import time
+from concurrent import futures
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -172,38 +174,69 @@ def gradient_variance(log_history: list[dict[str, float]]) -> dict[str, Any]:
     return {"grad_var": grad_var, "variance_reduction": reduction}
 
 
-def run_study(
-    runs: list[dict[str, Any]], budgets: dict[str, Budget], save: Any, warm_start_steps: int = 3000
-) -> list[dict[str, Any]]:
-    """Every planned run, warm starts (at most ``warm_start_steps``) shared by the runs of a (task, seed);
-    ``save(results)`` after each."""
+def _warm_job(task_name: str, seed: int, max_steps: int) -> tuple[dict[str, Any], float, float]:
+    """A (task, seed)'s warm start: its weights, held-out accuracy and seconds."""
     from tasks import TASKS, warm_start
 
-    results: list[dict[str, Any]] = []
-    starts: dict[tuple[str, int], Any] = {}
-    for run in runs:
-        key = (run["task"], run["seed"])
-        if key not in starts:
-            began = time.perf_counter()
-            task = TASKS[run["task"]](run["seed"])
-            model, tokenizer, accuracy = warm_start(task, run["seed"], warm_start_steps)
-            starts[key] = (task, model, tokenizer, accuracy, time.perf_counter() - began)
-            print(f"{key[0]} seed {key[1]}: warm start at {accuracy:.1%} held-out ({starts[key][4]:.0f} s)", flush=True)
-        task, model, tokenizer, accuracy, warm_seconds = starts[key]
-        budget = budgets[run["task"]]
-        outcome = run_one(
-            model, tokenizer, task, budget, run["seed"], {"advantage_estimator": run["estimator"]} | run["knobs"]
-        )
-        outcome["curve"].insert(0, (0, accuracy))
-        results.append(run | {"k": run["knobs"]["num_generations"], "warm_start": accuracy} | outcome)
-        results[-1]["warm_start_seconds"] = warm_seconds
-        print(
-            f"  {run['part']:10s} {run['task']:10s} seed {run['seed']} {run['label']:34s} K={results[-1]['k']}: "
-            f"final {outcome['final']:.1%} ({outcome['seconds']:.0f} s)",
-            flush=True,
-        )
-        save(results)
-    return results
+    began = time.perf_counter()
+    model, _, accuracy = warm_start(TASKS[task_name](seed), seed, max_steps)
+    return model.state_dict(), accuracy, time.perf_counter() - began
+
+
+def _run_job(run: dict[str, Any], budget: Budget, weights: dict[str, Any], accuracy: float) -> dict[str, Any]:
+    """One planned run from its warm start's weights: the run's record."""
+    from tasks import TASKS
+
+    from rloo.cli.demo import build_demo_model
+
+    task = TASKS[run["task"]](run["seed"])
+    model, tokenizer = build_demo_model(run["seed"], chars=task.chars)
+    model.load_state_dict(weights)
+    knobs = {"advantage_estimator": run["estimator"]} | run["knobs"]
+    outcome = run_one(model, tokenizer, task, budget, run["seed"], knobs)
+    outcome["curve"].insert(0, (0, accuracy))
+    return run | {"k": run["knobs"]["num_generations"], "warm_start": accuracy} | outcome
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def run_study(
+    runs: list[dict[str, Any]], budgets: dict[str, Budget], save: Any, warm_start_steps: int = 3000, workers: int = 0
+) -> list[dict[str, Any]]:
+    """Every planned run, from warm starts (at most ``warm_start_steps``) shared by the runs of a (task, seed);
+    ``save(results)`` after each run ends. ``workers`` > 0: that many processes of one torch thread each
+    (the tiny model gains little from a second thread; a process per core keeps both busy), else in this
+    process."""
+    keys = list(dict.fromkeys((run["task"], run["seed"]) for run in runs))
+    pool: futures.Executor = (
+        futures.ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_one_thread)
+        if workers
+        else futures.ThreadPoolExecutor(1)
+    )
+    with pool:
+        warm = pool.map(_warm_job, *zip(*((task, seed, warm_start_steps) for task, seed in keys), strict=True))
+        starts = dict(zip(keys, warm, strict=True))
+        for (task, seed), (_, accuracy, seconds) in starts.items():
+            print(f"{task} seed {seed}: warm start at {accuracy:.1%} held-out ({seconds:.0f} s)", flush=True)
+        pending = {
+            pool.submit(_run_job, run, budgets[run["task"]], *starts[run["task"], run["seed"]][:2]): i
+            for i, run in enumerate(runs)
+        }
+        done: dict[int, dict[str, Any]] = {}
+        for future in futures.as_completed(pending):
+            record = done[pending[future]] = future.result()
+            record["warm_start_seconds"] = starts[(record["task"], record["seed"])][2]
+            print(
+                f"  {record['part']:10s} {record['task']:10s} seed {record['seed']} {record['label']:34s} "
+                f"K={record['k']}: final {record['final']:.1%} ({record['seconds']:.0f} s)",
+                flush=True,
+            )
+            save([done[i] for i in sorted(done)])
+    return [done[i] for i in sorted(done)]
 
 
 def main() -> None:
@@ -213,6 +246,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every part, smaller (under 5 minutes)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--render", action="store_true", help="only tables and plots, from the saved results")
+    parser.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (0: this process)")
     options = parser.parse_args()
     suffix = "-quick" if options.quick else ""
     path = OUT / f"results{suffix}.json"
@@ -228,7 +262,7 @@ def main() -> None:
             document = {**header, "budgets": budgets_json, "total_seconds": seconds, "runs": results}
             path.write_text(json.dumps(document, indent=1))
 
-        run_study(plan(tuple(options.parts), options.quick), budgets, save)
+        run_study(plan(tuple(options.parts), options.quick), budgets, save, workers=options.workers)
         print(f"total: {time.perf_counter() - began:.0f} s", flush=True)
     print(render(json.loads(path.read_text()), OUT, suffix))
 
