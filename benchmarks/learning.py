@@ -1,7 +1,7 @@
 """Does it learn better? Advantage estimators and loss knobs at equal compute, on two tasks.
 
-    .venv/bin/python benchmarks/learning.py            # the study (~25 min on 2 idle CPU cores)
-    .venv/bin/python benchmarks/learning.py --quick    # every part, smaller (~5 min)
+    .venv/bin/python benchmarks/learning.py            # the study: 31 min on the shared 2-core machine (BENCHMARKS.md)
+    .venv/bin/python benchmarks/learning.py --quick    # every part, smaller: 55 s there
     .venv/bin/python benchmarks/learning.py --render   # tables and plots again from results.json
 
 Parts (``--parts``):

@@ -312,7 +312,7 @@ def test_the_demo_controls_take_rloos_steps_on_its_prompts_or_on_its_generated_s
 
 @pytest.mark.slow
 def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> None:
-    """The real-size demo, in a fresh process as a user runs it (about 1.5 minutes on 2 CPU cores)."""
+    """The real-size demo, in a fresh process as a user runs it (about 2 minutes on 2 CPU cores)."""
     start = time.perf_counter()
     command = [sys.executable, "-m", "rloo", "demo", "--output-dir", str(tmp_path / "demo")]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -17,7 +17,7 @@ import learning  # noqa: E402
 from learning_report import completions_to, render  # noqa: E402
 from tasks import arithmetic_task, reversal_rows, reversal_task  # noqa: E402
 
-from rloo.cli.supervised import supervised_batch  # noqa: E402
+from rloo.cli.supervised import encode_demonstrations, supervised_batch  # noqa: E402
 from rloo.tiny import build_char_tokenizer  # noqa: E402
 
 
@@ -61,7 +61,8 @@ def test_arithmetic_task_is_the_demos_with_its_carry_less_teacher() -> None:
 
 def test_supervised_batch_labels_only_the_target_and_eos() -> None:
     tokenizer = build_char_tokenizer("abc>")
-    ids, labels = supervised_batch([("ab>", "ba")], tokenizer, 2, random.Random(0))
+    encoded = encode_demonstrations([("ab>", "ba")], tokenizer)
+    ids, labels = supervised_batch(encoded, tokenizer.pad_token_id, 2, random.Random(0))
     prompt, target = tokenizer("ab>")["input_ids"], tokenizer("ba")["input_ids"]
     assert ids[0].tolist() == prompt + target + [tokenizer.eos_token_id]
     assert labels[0].tolist() == [-100] * len(prompt) + target + [tokenizer.eos_token_id]

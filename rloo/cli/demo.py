@@ -144,7 +144,7 @@ def evaluate(
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """Sizes of the demo; the defaults finish in about 1.5 minutes on 2 CPU cores."""
+    """Sizes of the demo; the defaults finish in about 2 minutes on 2 CPU cores."""
 
     steps: int = 500
     num_generations: int = 4

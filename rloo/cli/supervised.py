@@ -21,20 +21,25 @@ from rloo.rewards.calling import RewardFunctions
 Demonstration = tuple[str, str]
 
 
-def supervised_batch(
-    demonstrations: Sequence[Demonstration], tokenizer: Any, batch_size: int, generator: random.Random
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch_size`` demonstrations drawn with replacement: ``(input_ids, labels)``, prompt labels -100."""
-    rows = [demonstrations[generator.randrange(len(demonstrations))] for _ in range(batch_size)]
+def encode_demonstrations(demonstrations: Sequence[Demonstration], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """Each demonstration as ``(input_ids, labels)``: prompt + target + EOS, prompt labels -100."""
     encoded = []
-    for prompt_text, target_text in rows:
+    for prompt_text, target_text in demonstrations:
         prompt = tokenizer(prompt_text)["input_ids"]
         target = tokenizer(target_text)["input_ids"] + [tokenizer.eos_token_id]
         encoded.append((prompt + target, [-100] * len(prompt) + target))
-    length = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((batch_size, length), tokenizer.pad_token_id)
+    return encoded
+
+
+def supervised_batch(
+    encoded: Sequence[tuple[list[int], list[int]]], pad_token_id: int, batch_size: int, generator: random.Random
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` encoded demonstrations drawn with replacement, right-padded: ``(input_ids, labels)``."""
+    rows = [encoded[generator.randrange(len(encoded))] for _ in range(batch_size)]
+    length = max(len(ids) for ids, _ in rows)
+    ids = torch.full((batch_size, length), pad_token_id)
     labels = torch.full((batch_size, length), -100)
-    for row, (x, y) in enumerate(encoded):
+    for row, (x, y) in enumerate(rows):
         ids[row, : len(x)] = torch.tensor(x)
         labels[row, : len(y)] = torch.tensor(y)
     return ids, labels
@@ -63,10 +68,11 @@ def supervised_train(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
     rng = random.Random(seed)
     device = next(model.parameters()).device
+    encoded = encode_demonstrations(demonstrations, tokenizer)  # once: tokenizing every batch was most of its time
     step = 0
     while step < steps:
         model.train()
-        ids, labels = supervised_batch(demonstrations, tokenizer, batch_size, rng)
+        ids, labels = supervised_batch(encoded, tokenizer.pad_token_id, batch_size, rng)
         ids, labels = ids.to(device), labels.to(device)
         loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
         loss.backward()
