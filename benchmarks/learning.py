@@ -1,24 +1,29 @@
-"""Does it learn better? Advantage estimators at equal compute on the demo task.
+"""Does it learn better? Advantage estimators and loss knobs at equal compute, on two tasks.
 
-    .venv/bin/python benchmarks/learning.py            # the study: 4 estimators x K in {2, 4, 8} x 3 seeds
-    .venv/bin/python benchmarks/learning.py --quick    # 2 estimators x K = 4 x 1 seed, fewer steps
+    .venv/bin/python benchmarks/learning.py            # the study: 31 min on the shared 2-core machine (BENCHMARKS.md)
+    .venv/bin/python benchmarks/learning.py --quick    # every part, smaller: 55 s there
+    .venv/bin/python benchmarks/learning.py --render   # tables and plots again from results.json
 
-The task is the demo's (rloo/cli/demo.py): a tiny Llama warm-started on carry-less
-demonstrations to 40% held-out accuracy, then trained with the exact-answer reward. Every run
-of a seed starts from the same warm start. Compute is equal across runs: each optimizer step
-generates the same number of completions (``--completions`` per step, so K = 8 sees half the
-prompts K = 4 sees), with the same optimizer, learning rate and steps. Held-out greedy accuracy
-is measured every ``--eval-every`` steps on ``--eval-problems`` problems. Results go to
-``benchmarks/learning/results.json`` and a table on stdout; ``--plot`` draws the curves
-(accuracy vs generated completions) to ``benchmarks/learning/curves.png``.
+Parts (``--parts``):
 
-Every run also measures the variance of its policy-gradient estimate every
-``--grad-variance-every`` steps (the trainer's ``log_grad_variance``): each run records the
-``grad_var/*`` metrics averaged over the measured batches, and its variance reduction against no
-baseline with :func:`rloo.algo.variance.variance_reduction`, the formula ``rloo bandit`` and the
-trainer use (README: Live diagnostics).
+* ``estimators``: ``rloo``, ``grpo``, ``reinforce`` (no baseline) and ``reinforce_pp`` for K in
+  {2, 4, 8} x 3 seeds on the ``arithmetic`` task (the demo's, benchmarks/tasks.py);
+* ``reversal``: the same grid on the ``reversal`` task (reverse 3-5 letters), smaller budget;
+* ``ablations``: rloo at K = 4 on ``arithmetic``, 3 seeds: KL in the reward vs in the loss
+  (beta 0.05), each loss aggregation mode, and ``num_iterations`` 2 (two optimizer passes per
+  generation batch, as many generated completions). The estimators part's rloo K = 4 runs are
+  their baseline (beta 0, ``seq_mean_token_sum``, 1 iteration).
 
-Deterministic for a machine: budgets are counted in steps and every completion is seeded.
+Compute is equal across the runs of a task: every generation batch holds the same number of
+completions (so K = 8 sees half the prompts K = 4 sees), with the same optimizer, learning rate
+and number of generation batches. Every run of a seed starts from the same warm start (supervised
+on the task's demonstrations, stopped early). Held-out greedy accuracy is measured every
+``eval_every`` generation batches on 300 held-out problems; every run measures the variance of its
+policy-gradient estimate twice (the trainer's ``log_grad_variance``, README: Live diagnostics).
+
+Results: ``benchmarks/learning/results.json`` (``results-quick.json``), tables on stdout (the ones
+in BENCHMARKS.md), plots in ``benchmarks/learning/*.png``. Deterministic for a machine: budgets are
+counted in steps and every completion is seeded; a loaded machine is only slower.
 """
 
 from __future__ import annotations
@@ -26,89 +31,130 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import statistics
 import sys
 import tempfile
 import time
+from concurrent import futures
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 OUT = HERE / "learning"
 ESTIMATORS = ("rloo", "grpo", "reinforce", "reinforce_pp")
+PARTS = ("estimators", "reversal", "ablations")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One task's budget: ``batches`` generation batches of ``completions`` completions."""
+
+    batches: int
+    completions: int
+    eval_every: int  # generation batches between held-out evaluations
+    threshold: float  # the accuracy "steps to reach" counts to
+
+
+FULL = {"arithmetic": Budget(200, 256, 25, 0.55), "reversal": Budget(100, 128, 10, 0.60)}
+QUICK = {"arithmetic": Budget(40, 128, 10, 0.55), "reversal": Budget(30, 64, 10, 0.60)}
+
+
+def ablations() -> dict[str, dict[str, Any]]:
+    """The ablation runs' knobs (on top of rloo, K = 4), by label."""
+    from rloo.algo.losses import AGGREGATION_MODES
+
+    runs: dict[str, dict[str, Any]] = {
+        "KL in reward (beta 0.05)": {"beta": 0.05, "kl_placement": "reward"},
+        "KL in loss (beta 0.05)": {"beta": 0.05, "kl_placement": "loss"},
+    }
+    for mode in AGGREGATION_MODES:
+        if mode != "seq_mean_token_sum":  # the baseline's
+            runs[f"aggregation {mode}"] = {"loss_aggregation": mode}
+    runs["num_iterations 2"] = {"num_iterations": 2}
+    return runs
+
+
+BASELINE = "baseline (beta 0, seq_mean_token_sum, 1 iteration)"
+
+
+def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
+    """Every run of the study: its part, task, seed, label and trainer knobs."""
+    seeds, ks, estimators = ((0,), (4,), ("rloo", "reinforce")) if quick else ((0, 1, 2), (2, 4, 8), ESTIMATORS)
+    runs = []
+    for part, task in (("estimators", "arithmetic"), ("reversal", "reversal")):
+        if part in parts:
+            runs += [
+                {"part": part, "task": task, "seed": seed, "label": estimator, "knobs": {"num_generations": k}}
+                | {"estimator": estimator}
+                for seed in seeds
+                for k in ks
+                for estimator in estimators
+            ]
+    if "ablations" in parts:
+        chosen = ablations()
+        if quick:  # one of each kind
+            chosen = {label: chosen[label] for label in ("KL in loss (beta 0.05)", "num_iterations 2")}
+        runs += [
+            {"part": "ablations", "task": "arithmetic", "seed": seed, "label": label, "estimator": "rloo"}
+            | {"knobs": {"num_generations": 4, **knobs}}
+            for seed in seeds
+            for label, knobs in chosen.items()
+        ]
+    return runs
 
 
 class AccuracyCurve:
-    """A trainer callback: held-out greedy accuracy every ``every`` steps."""
+    """A trainer callback: held-out greedy accuracy every ``every`` optimizer steps."""
 
-    def __init__(self, tokenizer: Any, problems: list[Any], every: int) -> None:
-        self.tokenizer, self.problems, self.every = tokenizer, problems, every
+    def __init__(self, task: Any, tokenizer: Any, rows: list[Any], every: int) -> None:
+        self.task, self.tokenizer, self.rows, self.every = task, tokenizer, rows, every
         self.points: list[tuple[int, float]] = []
 
     def on_step_end(self, trainer: Any) -> None:
-        from rloo.cli.demo import evaluate
-
         step = trainer.state.global_step
         if step % self.every == 0:
-            accuracy = evaluate(trainer.unwrapped_model, self.tokenizer, self.problems, num_generations=0).greedy
-            self.points.append((step, accuracy))
+            self.points.append((step, self.task.accuracy(trainer.unwrapped_model, self.tokenizer, self.rows)))
 
 
-def warm_start(seed: int) -> tuple[Any, Any, list[Any], list[Any], float]:
-    """The demo's warm start for ``seed``: (model, tokenizer, train problems, held-out problems, accuracy)."""
-    import torch
-
-    from rloo.cli.demo import build_demo_model, evaluate, make_problems, supervised_train
-
-    torch.manual_seed(seed)
-    train, held_out = make_problems(seed)
-    model, tokenizer = build_demo_model(seed)
-    supervised_train(model, tokenizer, train, steps=3000, seed=seed, stop_at_accuracy=(train[:200], 0.40))
-    return model, tokenizer, train, held_out, evaluate(model, tokenizer, held_out[:200], num_generations=0).greedy
-
-
-def run_one(
-    start: Any, tokenizer: Any, train: list[Any], held_out: list[Any], options: Any, **knobs: Any
-) -> dict[str, Any]:
-    """One RL run from a copy of the warm start; returns its accuracy curve and final accuracy."""
+def run_one(start: Any, tokenizer: Any, task: Any, budget: Budget, seed: int, knobs: dict[str, Any]) -> dict[str, Any]:
+    """One RL run from a copy of the warm start: its accuracy curve (x: generated completions),
+    final accuracy, seconds and gradient variance."""
     from rloo.config import RLOOConfig
-    from rloo.rewards.builtins import accuracy_reward
     from rloo.training.trainer import RLOOTrainer
 
-    k = knobs["num_generations"]
-    curve = AccuracyCurve(tokenizer, held_out[: options.eval_problems], options.eval_every)
+    iterations = knobs.get("num_iterations", 1)
+    steps = budget.batches * iterations  # optimizer steps: num_iterations per generation batch
+    curve = AccuracyCurve(task, tokenizer, task.held_out[:300], budget.eval_every * iterations)
     with tempfile.TemporaryDirectory() as tmp:
         args = RLOOConfig(
             output_dir=tmp,
-            per_device_train_batch_size=options.completions,
-            max_completion_length=6,
+            per_device_train_batch_size=budget.completions,
+            max_completion_length=task.completion_length,
             learning_rate=5e-4,
-            max_steps=options.steps,
-            beta=0.0,
-            logging_steps=options.steps,
-            save_steps=options.steps + 1,
+            max_steps=steps,
+            logging_steps=steps,
+            save_steps=steps + 1,
             health_thresholds={"reward_collapse": 0},
-            log_grad_variance=options.grad_variance_every,
-            seed=knobs.pop("seed"),
-            **knobs,
+            log_grad_variance=steps // 2,
+            seed=seed,
+            **{"beta": 0.0, **knobs},
         )
-        dataset = [{"prompt": p.prompt, "answer": p.answer} for p in train]
         trainer = RLOOTrainer(
             copy.deepcopy(start),
-            accuracy_reward,
+            task.reward,
             args=args,
-            train_dataset=dataset,
+            train_dataset=task.train,
             processing_class=tokenizer,
             callbacks=[curve],
         )
         began = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - began
-    completions_per_step = options.completions
+    per_step = budget.completions // iterations  # generated completions per optimizer step
     return {
-        "k": k,
-        "curve": [(step * completions_per_step, accuracy) for step, accuracy in curve.points],
+        "curve": [(step * per_step, accuracy) for step, accuracy in curve.points],
         "final": curve.points[-1][1],
         "seconds": seconds,
         **gradient_variance(trainer.state.log_history),
@@ -123,105 +169,102 @@ def gradient_variance(log_history: list[dict[str, float]]) -> dict[str, Any]:
 
     logged = next(row for row in reversed(log_history) if "reward" in row)
     grad_var = {key.removeprefix("grad_var/"): value for key, value in logged.items() if key.startswith("grad_var/")}
+    grad_var["seconds"] = logged.get("timing/grad_variance")
     reduction = variance_reduction(grad_var["used"], grad_var["none"]) if "used" in grad_var else None
     return {"grad_var": grad_var, "variance_reduction": reduction}
 
 
-def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
-    """Generated completions until held-out accuracy first reaches ``threshold`` (None: never)."""
-    return next((samples for samples, accuracy in curve if accuracy >= threshold), None)
+def _warm_job(task_name: str, seed: int, max_steps: int) -> tuple[dict[str, Any], float, float]:
+    """A (task, seed)'s warm start: its weights, held-out accuracy and seconds."""
+    from tasks import TASKS, warm_start
+
+    began = time.perf_counter()
+    model, _, accuracy = warm_start(TASKS[task_name](seed), seed, max_steps)
+    return model.state_dict(), accuracy, time.perf_counter() - began
 
 
-def table(results: list[dict[str, Any]], threshold: float) -> str:
-    rows = [
-        "| estimator | K | final accuracy (mean, min-max over seeds) | completions to reach "
-        f"{threshold:.0%} (median) | variance reduction vs no baseline (mean) |",
-        "|---|---|---|---|---|",
-    ]
-    keys = sorted({(r["estimator"], r["k"]) for r in results}, key=lambda x: (ESTIMATORS.index(x[0]), x[1]))
-    for estimator, k in keys:
-        runs = [r for r in results if r["estimator"] == estimator and r["k"] == k]
-        finals = [r["final"] for r in runs]
-        reached = [s for r in runs if (s := steps_to(r["curve"], threshold)) is not None]
-        median = f"{statistics.median(reached):,.0f} ({len(reached)}/{len(runs)} runs)" if reached else "never"
-        # None: not measured; NaN: no variance to reduce (every reward equal)
-        reductions = [r["variance_reduction"] for r in runs if r.get("variance_reduction") is not None]
-        finite = [value for value in reductions if not math.isnan(value)]
-        reduction = f"{statistics.mean(finite):.1%}" if finite else ("no variance" if reductions else "not measured")
-        rows.append(
-            f"| {estimator} | {k} | {statistics.mean(finals):.1%} ({min(finals):.1%}-{max(finals):.1%}) | {median} "
-            f"| {reduction} |"
-        )
-    return "\n".join(rows)
+def _run_job(run: dict[str, Any], budget: Budget, weights: dict[str, Any], accuracy: float) -> dict[str, Any]:
+    """One planned run from its warm start's weights: the run's record."""
+    from tasks import TASKS
+
+    from rloo.cli.demo import build_demo_model
+
+    task = TASKS[run["task"]](run["seed"])
+    model, tokenizer = build_demo_model(run["seed"], chars=task.chars)
+    model.load_state_dict(weights)
+    knobs = {"advantage_estimator": run["estimator"]} | run["knobs"]
+    outcome = run_one(model, tokenizer, task, budget, run["seed"], knobs)
+    outcome["curve"].insert(0, (0, accuracy))
+    return run | {"k": run["knobs"]["num_generations"], "warm_start": accuracy} | outcome
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+def _one_thread() -> None:
+    import torch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    torch.set_num_threads(1)
 
-    ks = sorted({r["k"] for r in results})
-    fig, axes = plt.subplots(1, len(ks), figsize=(5 * len(ks), 4), squeeze=False)
-    for ax, k in zip(axes[0], ks, strict=True):
-        for estimator in ESTIMATORS:
-            runs = [r for r in results if r["estimator"] == estimator and r["k"] == k]
-            if not runs:
-                continue
-            samples = [s for s, _ in runs[0]["curve"]]
-            mean = [statistics.mean(r["curve"][i][1] for r in runs) for i in range(len(samples))]
-            ax.plot(samples, mean, label=estimator)
-        ax.set_title(f"K = {k}")
-        ax.set_xlabel("generated completions")
-        ax.set_ylabel("held-out greedy accuracy")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+
+def run_study(
+    runs: list[dict[str, Any]], budgets: dict[str, Budget], save: Any, warm_start_steps: int = 3000, workers: int = 0
+) -> list[dict[str, Any]]:
+    """Every planned run, from warm starts (at most ``warm_start_steps``) shared by the runs of a (task, seed);
+    ``save(results)`` after each run ends. ``workers`` > 0: that many processes of one torch thread each
+    (the tiny model gains little from a second thread; a process per core keeps both busy), else in this
+    process."""
+    keys = list(dict.fromkeys((run["task"], run["seed"]) for run in runs))
+    pool: futures.Executor = (
+        futures.ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_one_thread)
+        if workers
+        else futures.ThreadPoolExecutor(1)
+    )
+    with pool:
+        warm = pool.map(_warm_job, *zip(*((task, seed, warm_start_steps) for task, seed in keys), strict=True))
+        starts = dict(zip(keys, warm, strict=True))
+        for (task, seed), (_, accuracy, seconds) in starts.items():
+            print(f"{task} seed {seed}: warm start at {accuracy:.1%} held-out ({seconds:.0f} s)", flush=True)
+        pending = {
+            pool.submit(_run_job, run, budgets[run["task"]], *starts[run["task"], run["seed"]][:2]): i
+            for i, run in enumerate(runs)
+        }
+        done: dict[int, dict[str, Any]] = {}
+        for future in futures.as_completed(pending):
+            record = done[pending[future]] = future.result()
+            record["warm_start_seconds"] = starts[(record["task"], record["seed"])][2]
+            print(
+                f"  {record['part']:10s} {record['task']:10s} seed {record['seed']} {record['label']:34s} "
+                f"K={record['k']}: final {record['final']:.1%} ({record['seconds']:.0f} s)",
+                flush=True,
+            )
+            save([done[i] for i in sorted(done)])
+    return [done[i] for i in sorted(done)]
 
 
 def main() -> None:
+    from learning_report import render
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--completions", type=int, default=256, help="completions generated per optimizer step")
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--eval-problems", type=int, default=300)
-    parser.add_argument("--threshold", type=float, default=0.55)
-    parser.add_argument("--plot", action="store_true")
-    parser.add_argument(
-        "--grad-variance-every", type=int, default=50, help="log_grad_variance of every run, in steps (0: off)"
-    )
+    parser.add_argument("--quick", action="store_true", help="every part, smaller (under 5 minutes)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--render", action="store_true", help="only tables and plots, from the saved results")
+    parser.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (0: this process)")
     options = parser.parse_args()
-    estimators, ks, seeds = ESTIMATORS, (2, 4, 8), (0, 1, 2)
-    if options.quick:
-        estimators, ks, seeds = ("rloo", "reinforce"), (4,), (0,)
-        options.steps, options.eval_every, options.eval_problems = 100, 25, 200
-    sys.path.insert(0, str(HERE.parent))
-    results = []
-    for seed in seeds:
-        start, tokenizer, train, held_out, accuracy = warm_start(seed)
-        print(f"seed {seed}: warm start at {accuracy:.1%} held-out greedy accuracy", flush=True)
-        for k in ks:
-            for estimator in estimators:
-                run = run_one(
-                    start,
-                    tokenizer,
-                    train,
-                    held_out,
-                    options,
-                    num_generations=k,
-                    advantage_estimator=estimator,
-                    seed=seed,
-                )
-                results.append({"estimator": estimator, "seed": seed, "warm_start": accuracy, **run})
-                print(f"  {estimator:13s} K={k}: final {run['final']:.1%} ({run['seconds']:.0f} s)", flush=True)
-    OUT.mkdir(exist_ok=True)
-    name = "results-quick.json" if options.quick else "results.json"
-    (OUT / name).write_text(json.dumps({"options": vars(options), "runs": results}, indent=1))
-    print()
-    print(table(results, options.threshold))
-    if options.plot:
-        plot(results, OUT / ("curves-quick.png" if options.quick else "curves.png"))
+    suffix = "-quick" if options.quick else ""
+    path = OUT / f"results{suffix}.json"
+    budgets = QUICK if options.quick else FULL
+    if not options.render:
+        OUT.mkdir(exist_ok=True)
+        began = time.perf_counter()
+        header = {"command": " ".join(["benchmarks/learning.py", *sys.argv[1:]]), "budgets": budgets}
+
+        def save(results: list[dict[str, Any]]) -> None:
+            seconds = time.perf_counter() - began
+            budgets_json = {name: vars(budget) for name, budget in header["budgets"].items()}
+            document = {**header, "budgets": budgets_json, "total_seconds": seconds, "runs": results}
+            path.write_text(json.dumps(document, indent=1))
+
+        run_study(plan(tuple(options.parts), options.quick), budgets, save, workers=options.workers)
+        print(f"total: {time.perf_counter() - began:.0f} s", flush=True)
+    print(render(json.loads(path.read_text()), OUT, suffix))
 
 
 if __name__ == "__main__":

@@ -261,10 +261,14 @@ def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> N
     sizes = ("--steps", "3", "--prompts-per-step", "8", "--num-generations", "2", "--eval-problems", "20")
     result = invoke("demo", *sizes, "--hidden-size", "32", "--warm-start-steps", "20", "--output-dir", output_dir)
     assert succeeded(result)
-    for row in ("warm start", "+ RLOO", "control"):
+    for row in ("warm start", "+ RLOO", "same steps", "same tokens"):
         assert row in result.stdout
     summary = json.loads((output_dir / "demo_results.json").read_text())
-    assert {"warm start", "+ RLOO", "control: + SFT, same steps"} <= summary["accuracy"].keys()
+    assert {"warm start", "+ RLOO", "control: + SFT, same steps", "control: + SFT, same tokens"} <= summary[
+        "accuracy"
+    ].keys()
+    # each control's training time is reported, under its row's name
+    assert {"control: + SFT, same steps", "control: + SFT, same tokens"} <= summary["seconds"].keys()
     assert (output_dir / "report.html").is_file()
     # every budget is counted in steps, so a second run gives the same numbers (the control
     # used to train for RLOO's wall time, so its accuracy moved with the machine's load)
@@ -279,9 +283,36 @@ def test_tiny_demo_writes_results_and_refuses_a_used_folder(tmp_path: Path) -> N
     assert snapshot(output_dir) == before
 
 
+def test_the_demo_controls_take_rloos_steps_on_its_prompts_or_on_its_generated_sequences(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rloo.cli.demo as demo
+
+    calls: list[dict[str, Any]] = []
+    real = demo.supervised_train
+
+    def recording(model: Any, tokenizer: Any, demonstrations: Any, **knobs: Any) -> int:
+        calls.append({"demonstrations": demonstrations, **knobs})
+        return real(model, tokenizer, demonstrations, **knobs)
+
+    monkeypatch.setattr(demo, "supervised_train", recording)
+    sizes = {"steps": 3, "prompts_per_step": 8, "num_generations": 2, "eval_problems": 20, "hidden_size": 32}
+    options = demo.DemoOptions(**sizes, warm_start_steps=20, output_dir=str(tmp_path / "demo"))
+    result = demo.run_demo(options, log=lambda text: None)
+    warm, same_steps, same_tokens = calls
+    assert same_steps["steps"] == same_tokens["steps"] == 3  # as many steps as RLOO
+    assert same_steps["batch_size"] == 8  # RLOO's prompts per step
+    assert same_tokens["batch_size"] == 16  # RLOO's generated completions per step: 8 prompts x K = 2
+    # all three are taught the teacher's carry-less answers: 47+38= -> 75 (the true answer is 85)
+    train, _ = demo.make_problems(0)
+    assert same_tokens["demonstrations"] == warm["demonstrations"] == demo.demonstrations(train)
+    assert ("47+38=", "75") in demo.demonstrations([demo.Problem(47, 38, "+")])
+    assert set(result.rows) >= {demo.CONTROL, demo.CONTROL_TOKENS}
+
+
 @pytest.mark.slow
 def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> None:
-    """The real-size demo, in a fresh process as a user runs it (about 1.5 minutes on 2 CPU cores)."""
+    """The real-size demo, in a fresh process as a user runs it (about 2 minutes on 2 CPU cores)."""
     start = time.perf_counter()
     command = [sys.executable, "-m", "rloo", "demo", "--output-dir", str(tmp_path / "demo")]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -253,7 +253,7 @@ def demo(
     seed: int = typer.Option(0, help="Random seed."),
     output_dir: str = typer.Option(None, help="Run folder \\[default: runs/demo, or runs/demo-N if taken]."),
 ) -> None:
-    """Offline demo: RLOO fixes a tiny model's imperfectly taught arithmetic (about 1.5 min on 2 CPU cores)."""
+    """Offline demo: RLOO fixes a tiny model's imperfectly taught arithmetic (about 2 min on 2 CPU cores)."""
     import time
 
     from rloo.cli.demo import DemoOptions, demo_table, run_demo

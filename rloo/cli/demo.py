@@ -10,9 +10,11 @@ The story, and what it does and does not show:
 4. Warm start: a short supervised phase on those demonstrations, stopped early (RL cannot
    explore from a policy that never produces a right answer).
 5. RLOO with the exact-answer reward, from the warm start.
-6. Control: the warm start trained with as many supervised steps as RLOO took, each on as
-   many demonstrations as RLOO has prompts per step. The budget is counted in steps, not
-   seconds, so a slow or loaded machine costs time, never a different result.
+6. Controls: the warm start trained with as many supervised steps as RLOO took, each on as
+   many demonstrations as RLOO has prompts per step ("same steps"), or as many as RLOO
+   generates completions per step ("same tokens": prompts x K sequences, the tokens RLOO
+   trains on). The budgets are counted in steps and sequences, not seconds, so a slow or
+   loaded machine costs time, never a different result.
 
 Supervised learning can at best copy the teacher, mistakes included; RLOO is scored by
 the true answer, so it can go past the teacher. The demo shows that an online RL loop with
@@ -26,6 +28,7 @@ import copy
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rloo.generation.sampling import SamplingParams
+from rloo.cli.supervised import Demonstration, greedy_scores, supervised_train
 from rloo.pipeline import RolloutSettings, generate_and_score
 from rloo.rewards.builtins import accuracy_reward
 from rloo.rewards.calling import RewardFunctions
@@ -42,6 +45,7 @@ from rloo.tiny import build_char_tokenizer, build_tiny_llama
 DEMO_CHARS = "0123456789+-="
 DEMO_COMPLETION_LENGTH = 5  # tokens: up to 3 digits, EOS, and one to spare
 CONTROL = "control: + SFT, same steps"
+CONTROL_TOKENS = "control: + SFT, same tokens"
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,12 @@ def teacher_answer(problem: Problem) -> int:
     return abs(tens_a - tens_b) * 10 + abs(ones_a - ones_b)
 
 
-def build_demo_model(seed: int, hidden_size: int = 128, num_layers: int = 2) -> tuple[Any, Any]:
-    tokenizer = build_char_tokenizer(DEMO_CHARS)
+def build_demo_model(
+    seed: int, hidden_size: int = 128, num_layers: int = 2, chars: str = DEMO_CHARS
+) -> tuple[Any, Any]:
+    """The demo's tiny Llama and a character tokenizer of ``chars`` (the learning study's other tasks
+    pass theirs)."""
+    tokenizer = build_char_tokenizer(chars)
     model = build_tiny_llama(
         len(tokenizer), hidden_size=hidden_size, num_layers=num_layers, num_heads=4, max_positions=32, seed=seed
     )
@@ -86,64 +94,14 @@ def build_demo_model(seed: int, hidden_size: int = 128, num_layers: int = 2) -> 
     return model, tokenizer
 
 
-def supervised_batches(
-    problems: list[Problem], tokenizer: Any, batch_size: int, generator: random.Random
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of teacher demonstrations: ``(input_ids, labels)`` with prompt labels -100."""
-    rows = [problems[generator.randrange(len(problems))] for _ in range(batch_size)]
-    encoded = []
-    for p in rows:
-        prompt = tokenizer(p.prompt)["input_ids"]
-        target = tokenizer(str(teacher_answer(p)))["input_ids"] + [tokenizer.eos_token_id]
-        encoded.append((prompt + target, [-100] * len(prompt) + target))
-    length = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((batch_size, length), tokenizer.pad_token_id)
-    labels = torch.full((batch_size, length), -100)
-    for row, (x, y) in enumerate(encoded):
-        ids[row, : len(x)] = torch.tensor(x)
-        labels[row, : len(y)] = torch.tensor(y)
-    return ids, labels
+def demonstrations(problems: list[Problem]) -> list[Demonstration]:
+    """The teacher's (carry-less) answers to ``problems``, as supervised examples."""
+    return [(p.prompt, str(teacher_answer(p))) for p in problems]
 
 
-def supervised_train(
-    model: nn.Module,
-    tokenizer: Any,
-    problems: list[Problem],
-    *,
-    steps: int,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    warmup_steps: int = 100,
-    seed: int = 0,
-    stop_at_accuracy: tuple[list[Problem], float] | None = None,
-) -> int:
-    """Cross-entropy on the teacher's answers for ``steps`` steps; returns the steps taken.
-
-    ``stop_at_accuracy=(problems, level)`` stops once greedy accuracy on ``problems``
-    (checked every 50 steps) reaches ``level``: the early-stopped warm start.
-    """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    # a short warm-up and gradient clipping get the tiny model past its early plateau fast
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
-    rng = random.Random(seed)
-    device = next(model.parameters()).device
-    step = 0
-    while step < steps:
-        model.train()
-        ids, labels = supervised_batches(problems, tokenizer, batch_size, rng)
-        ids, labels = ids.to(device), labels.to(device)
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if stop_at_accuracy and step % 50 == 0:
-            check, level = stop_at_accuracy
-            if evaluate(model, tokenizer, check, num_generations=0).greedy >= level:
-                break
-    return step
+def reached(tokenizer: Any, problems: list[Problem], level: float) -> Callable[[nn.Module], bool]:
+    """Whether a model's greedy accuracy on ``problems`` reaches ``level`` (the warm start's stop)."""
+    return lambda model: evaluate(model, tokenizer, problems, num_generations=0).greedy >= level
 
 
 @dataclass(frozen=True)
@@ -168,19 +126,16 @@ def evaluate(
 ) -> Accuracy:
     """Greedy accuracy, pass@k with ``num_generations`` samples (temperature 1), and how often
     the greedy answer equals the teacher's (wrong or right); scored by the training pipeline."""
-    prompts = [p.prompt for p in problems]
-    columns: dict[str, list[Any]] = {
-        "answer": [p.answer for p in problems],
-        "teacher": [teacher_answer(p) for p in problems],
-    }
+    rows = [{"prompt": p.prompt, "answer": p.answer, "teacher": teacher_answer(p)} for p in problems]
     rewards = demo_rewards()
-    greedy_settings = RolloutSettings(1, DEMO_COMPLETION_LENGTH, SamplingParams(top_k=1))
-    greedy = generate_and_score(model, tokenizer, prompts, columns, rewards, greedy_settings).rewards.scores.values
+    greedy = greedy_scores(model, tokenizer, rows, rewards, DEMO_COMPLETION_LENGTH)
     correct, teacher = greedy[:, 0], greedy[:, 1]
     pass_k = correct
     if num_generations:
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         settings = RolloutSettings(num_generations, DEMO_COMPLETION_LENGTH)
+        prompts = [row["prompt"] for row in rows]
+        columns = {key: [row[key] for row in rows] for key in ("answer", "teacher")}
         sampled = generate_and_score(model, tokenizer, prompts, columns, rewards, settings, generator=generator)
         pass_k = sampled.rewards.scores.values[:, 0].view(-1, num_generations).amax(dim=1)
     n = len(problems)
@@ -189,7 +144,7 @@ def evaluate(
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """Sizes of the demo; the defaults finish in about 1.5 minutes on 2 CPU cores."""
+    """Sizes of the demo; the defaults finish in about 2 minutes on 2 CPU cores."""
 
     steps: int = 500
     num_generations: int = 4
@@ -234,7 +189,8 @@ class DemoResult:
 
 
 def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
-    """Warm start, then RLOO vs. a same-steps supervised control; evaluated on held-out problems."""
+    """Warm start, then RLOO vs. same-steps and same-tokens supervised controls; evaluated on held-out
+    problems."""
     from rloo.config import RLOOConfig
     from rloo.training.trainer import RLOOTrainer
 
@@ -249,16 +205,17 @@ def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
         f"(at most {options.warm_start_steps} steps)"
     )
     start = time.perf_counter()
+    taught = demonstrations(train)
     supervised_train(
         model,
         tokenizer,
-        train,
+        taught,
         steps=options.warm_start_steps,
         seed=options.seed,
-        stop_at_accuracy=(train[:200], options.warm_start_accuracy),
+        stop_when=reached(tokenizer, train[:200], options.warm_start_accuracy),
     )
     seconds["warm start"] = time.perf_counter() - start
-    control = copy.deepcopy(model)
+    controls = {CONTROL: copy.deepcopy(model), CONTROL_TOKENS: copy.deepcopy(model)}
     k = options.num_generations
     rows = {"teacher (demonstrations)": teacher_accuracy(held_out)}
     rows["warm start"] = evaluate(model, tokenizer, held_out, k, options.seed)
@@ -284,17 +241,22 @@ def run_demo(options: DemoOptions, log: Any = print) -> DemoResult:
     seconds["RLOO"] = time.perf_counter() - start
 
     log(
-        f"3/4 control: the warm start trained {options.steps} supervised steps of {options.prompts_per_step} "
-        "demonstrations (as many steps as RLOO took)"
+        f"3/4 controls: the warm start trained {options.steps} supervised steps (as many as RLOO took) of "
+        f"{options.prompts_per_step} demonstrations (same steps) and of {options.prompts_per_step * k} "
+        "(same tokens: as many sequences as RLOO generated)"
     )
-    start = time.perf_counter()
-    supervised_train(
-        control, tokenizer, train, steps=options.steps, batch_size=options.prompts_per_step, seed=options.seed + 1
-    )
-    seconds["control"] = time.perf_counter() - start
+    for offset, (name, batch_size) in enumerate(
+        ((CONTROL, options.prompts_per_step), (CONTROL_TOKENS, options.prompts_per_step * k)), start=1
+    ):
+        start = time.perf_counter()
+        supervised_train(
+            controls[name], tokenizer, taught, steps=options.steps, batch_size=batch_size, seed=options.seed + offset
+        )
+        seconds[name] = time.perf_counter() - start
 
     log(f"4/4 evaluating on {len(held_out)} held-out problems")
-    rows[CONTROL] = evaluate(control, tokenizer, held_out, k, options.seed)
+    for name, control in controls.items():
+        rows[name] = evaluate(control, tokenizer, held_out, k, options.seed)
     rows["+ RLOO"] = evaluate(model, tokenizer, held_out, k, options.seed)
     return DemoResult(rows, seconds, Path(options.output_dir))
 
@@ -312,9 +274,9 @@ def demo_table(result: DemoResult, k: int) -> Any:
     table = Table(title="Two-digit + and -: accuracy on held-out problems")
     for name in ("model", "greedy", f"pass@{k}", "= teacher", "train time"):
         table.add_column(name, justify="left" if name == "model" else "right")
-    times = {"warm start": "warm start", "+ RLOO": "RLOO", CONTROL: "control"}
+    times = {"+ RLOO": "RLOO"}
     for name, acc in result.rows.items():
-        seconds = result.seconds.get(times.get(name, ""), None)
+        seconds = result.seconds.get(times.get(name, name), None)
         table.add_row(
             name,
             f"{acc.greedy:.1%}",
