@@ -133,6 +133,11 @@ def test_lora_flags_without_use_peft_are_ignored_with_a_warning_as_in_trl() -> N
         assert trl_to_run({"use_peft": False}) == {}
 
 
+def test_quantization_details_without_quantized_loading_are_ignored_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match="--bnb_4bit_quant_type ignored: they only apply to --load_in_4bit"):
+        assert trl_to_run({"bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": False}) == {}
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

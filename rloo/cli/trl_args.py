@@ -27,7 +27,8 @@ any ``RLOOConfig`` field, ``model``/``dataset``/... keys    itself
 Where we depart from TRL: an unknown flag is an error with the closest name (HfArgumentParser in
 ``trl rloo`` ignores unknown arguments); quantized loading (``--load_in_4bit/8bit``), dataset
 mixtures (``--datasets``) and ``--dataset_streaming`` are refused naming the flag; LoRA flags without
-``--use_peft`` are ignored as in TRL, with a warning.
+``--use_peft``, and the bitsandbytes details without quantized loading, are ignored as in TRL, with a
+warning.
 """
 
 from __future__ import annotations
@@ -259,6 +260,10 @@ def trl_to_run(values: Mapping[str, Any]) -> dict[str, Any]:
     for name, reason in REFUSED_FLAGS.items():
         if values.pop(name, None) not in (None, False, []):
             raise ValueError(f"--{name}: {reason}")
+    quantization = [flag for flag in ("bnb_4bit_quant_type", "use_bnb_nested_quant") if values.get(flag)]
+    if quantization:  # TRL reads them only with --load_in_4bit (refused above)
+        flags = ", ".join(f"--{flag}" for flag in quantization)
+        warnings.warn(f"{flags} ignored: they only apply to --load_in_4bit, which rloo does not support", stacklevel=2)
     run = {key: value for key, value in values.items() if key not in TRL_SCRIPT_FIELDS}
     _set_once(run, "model", values.get("model_name_or_path"), "--model_name_or_path")
     if values.get("dataset_name") is not None:
