@@ -1,16 +1,30 @@
-"""rloo vs. TRL 1.13's RLOOTrainer, side by side on identical inputs; writes BENCHMARKS.md.
+"""rloo vs. TRL's RLOOTrainer (the newest, 1.16, and 1.13) side by side on identical inputs.
 
-    .venv/bin/python benchmarks/bench_vs_trl.py            # full run (about 30-40 min on 2 cores)
-    .venv/bin/python benchmarks/bench_vs_trl.py --quick    # tiny model only, fewer repeats
+    .venv/bin/python benchmarks/bench_vs_trl.py              # every case (about 45 min on 2 idle cores)
+    .venv/bin/python benchmarks/bench_vs_trl.py --cases realistic --repeats 2
+    .venv/bin/python benchmarks/bench_vs_trl.py --quick      # the tiny model, 1 repeat: a smoke run
+    .venv/bin/python benchmarks/render.py                    # the tables of BENCHMARKS.md
 
-TRL is installed by this script into ``benchmarks/.venv-trl`` (its own virtual
-environment; not a dependency of rloo). Both implementations load the same locally built
-Llama model folder and character tokenizer, train on the same prompts with the same
-reward function and TRL's default math (k1 KL in the reward with beta 0.05, sequence-level
-ratio, num_iterations 1), fp32, no gradient checkpointing, temperature 1.0, the same
-learning rate and batch. Each (implementation, case, repeat) runs in a fresh process;
-runs alternate between the implementations. Figures are medians over steps 2..N and
+Each TRL version is installed by this script into its own virtual environment
+(``benchmarks/.venv-trl-<version>``; not a dependency of rloo), with our torch and transformers pins.
+All implementations load the same locally built Llama folder and character tokenizer, train on the
+same prompts with the same reward and TRL's default math (k1 KL in the reward with beta 0.05,
+sequence-level ratio, num_iterations 1), fp32, no gradient checkpointing, temperature 1.0, the same
+learning rate and batch, each with its own defaults otherwise. Every (implementation, case, repeat)
+runs in a fresh process; the order rotates each repeat. Figures are medians over steps 2..N and
 repeats, with min-max.
+
+Cases:
+- **varied**: completions end at varied lengths (median about a third of the limit, 12% reach it):
+  the same weights with a constant end-of-sequence probability per step (:mod:`varied_lengths`);
+- **long prompt**: few-shot prompts 5x longer than the completions, K = 8;
+- **fixed**: the random model that never ends (every completion runs to the limit), short prompts:
+  the cases of the first benchmark, kept for continuity.
+
+Reported per phase (generate, score, reference/old log-probs, train), completion tokens/s, peak RSS
+(and RSS when training starts: imports and weights), FLOPs counted by hooks
+(:class:`common.FlopCounter`) against the minimum the math needs (:mod:`summary`), and MFU against an
+fp32 matmul peak measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,28 +43,38 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from common import MODEL_SIZES, BenchCase  # noqa: E402
+from common import MODEL_SIZES, BenchCase, prompts  # noqa: E402
+from summary import summarize  # noqa: E402
+from varied_lengths import arrange, hazard_for, length_distribution  # noqa: E402
 
-TRL_VENV = HERE / ".venv-trl"
-TRL_PACKAGES = ["torch==2.13.0", "trl==1.13.0", "requests", "psutil"]
-CASES = [(2, 4, 32), (8, 8, 64), (4, 16, 128)]
+TRL_VERSIONS = ("1.16.0", "1.13.0")
+VARIED_REACH = 0.12  # share of completions at max_completion_length in the varied case
+CASES = {
+    "realistic": [
+        BenchCase("small-varied", 4, 8, 128, kind="varied"),
+        BenchCase("small", 2, 8, 64, prompt_chars=320, kind="long prompt"),
+    ],
+    "fixed": [BenchCase(m, p, k, t) for m in ("tiny", "small") for p, k, t in [(2, 4, 32), (8, 8, 64), (4, 16, 128)]],
+}
 
 
-def ensure_trl_venv() -> Path:
-    """Create TRL's virtual environment once (pip pulls the CPU torch pin first)."""
-    python = TRL_VENV / "bin" / "python"
+def ensure_trl_venv(version: str) -> Path:
+    """Create TRL ``version``'s virtual environment once (pip pulls the CPU torch pin first)."""
+    venv = HERE / f".venv-trl-{version}"
+    python = venv / "bin" / "python"
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", TRL_PACKAGES[0]], check=True)
         import transformers
 
-        pins = [f"transformers=={transformers.__version__}"]
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *TRL_PACKAGES[1:], *pins], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+        pins = [f"trl=={version}", f"transformers=={transformers.__version__}", "requests", "psutil"]
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
     return python
 
 
 def build_models(folder: Path) -> dict[str, Path]:
+    """The benchmark's model folders: each size, and ``small-varied`` (:mod:`varied_lengths`)."""
     from rloo.tiny import save_tiny_model
 
     paths = {}
@@ -63,11 +87,13 @@ def build_models(folder: Path) -> dict[str, Path]:
             num_heads=size["num_heads"],
             intermediate_size=size["intermediate_size"],
         )
+        hazard = hazard_for(CASES["realistic"][0].max_completion_length, VARIED_REACH)
+        paths[f"{name}-varied"] = arrange(paths[name], folder / f"{name}-varied", hazard)
     return paths
 
 
 def check_tokenizer_round_trip(python: Path, model_dir: Path) -> None:
-    """Both environments must load our tokenizer class and round-trip text exactly."""
+    """Every environment must load our tokenizer class and round-trip text exactly."""
     code = (
         "import sys; from transformers import AutoTokenizer;"
         "t = AutoTokenizer.from_pretrained(sys.argv[1]); s = '12+34=46 ok';"
@@ -102,63 +128,51 @@ def measure_peak_matmul_flops(seconds: float = 3.0) -> float:
     return best
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians (and min-max) over steps 2..N of every repeat."""
-    steps = [s for run in runs for s in run["steps"][1:]]
-    out: dict[str, Any] = {}
-    for key in ("seconds", "generate", "score", "logprobs", "train"):
-        values = [s[key] for s in steps]
-        out[key] = (statistics.median(values), min(values), max(values))
-    tokens = [s["completion_tokens"] / s["seconds"] for s in steps]
-    out["tokens_per_second"] = (statistics.median(tokens), min(tokens), max(tokens))
-    out["completion_tokens"] = statistics.median(s["completion_tokens"] for s in steps)
-    out["peak_rss_mib"] = statistics.median(run["peak_rss_mib"] for run in runs)
-    out["parameters"] = runs[0]["parameters"]
-    return out
-
-
-def model_flops(summary: dict[str, Any], case: BenchCase, prompt_tokens: int = 6) -> float:
-    """2N per generated or scored token, 6N per trained token (one reference pass scored)."""
-    n = summary["parameters"]
-    completions = case.num_prompts * case.num_generations
-    tokens = summary["completion_tokens"] + completions * prompt_tokens
-    return 2 * n * summary["completion_tokens"] + 2 * n * tokens + 6 * n * tokens
+def run_case(case: BenchCase, impls: dict[str, tuple[Path, str]], model_dir: Path, repeats: int) -> dict[str, Any]:
+    """Every implementation on ``case``, ``repeats`` times each, the order rotating each repeat."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in impls}
+    names = list(impls)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            python, script = impls[name]
+            runs[name].append(run_child(python, script, model_dir, case, {}))
+            print(f"{case.name} {name} repeat {repeat}: done", flush=True)
+    row: dict[str, Any] = {"case": asdict(case), "runs": {name: summarize(r) for name, r in runs.items()}}
+    if case.kind == "varied":
+        texts = [p["prompt"] for p in prompts(case.num_prompts, case.prompt_chars)]
+        row["lengths"] = length_distribution(model_dir, texts, 16, case.max_completion_length)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model only, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="the tiny model's fixed cases, 1 repeat, 3 steps")
+    parser.add_argument("--cases", default="realistic,fixed", help="comma-separated: realistic, fixed")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--models", default="tiny,small")
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results.json"))
-    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run; the first is not timed")
+    parser.add_argument("--trl", default=",".join(TRL_VERSIONS), help="TRL versions to compare against")
+    parser.add_argument("--output", default=str(HERE / "results.json"))
+    parser.add_argument("--scaling", action="store_true", help="also rloo's step time as K and T grow (tiny)")
     args = parser.parse_args()
-    models = ["tiny"] if args.quick else args.models.split(",")
-    repeats = 1 if args.quick else args.repeats
-    trl_python = ensure_trl_venv()
-    ours = Path(sys.executable)
-    results: dict[str, Any] = {"cases": [], "scaling": [], "peak_flops": measure_peak_matmul_flops()}
+    cases = [case for group in args.cases.split(",") for case in CASES[group]]
+    if args.quick:
+        cases, args.repeats = [c for c in CASES["fixed"] if c.model == "tiny"][:2], 1
+    cases = [BenchCase(**{**asdict(c), "steps": args.steps}) for c in cases]
+    impls = {"rloo": (Path(sys.executable), "run_rloo.py")}
+    for version in filter(None, args.trl.split(",")):
+        impls[f"trl-{version}"] = (ensure_trl_venv(version), "run_trl.py")
+    results: dict[str, Any] = {"implementations": list(impls), "peak_flops": measure_peak_matmul_flops()}
     with tempfile.TemporaryDirectory() as tmp:
         folders = build_models(Path(tmp))
-        for name in models:
-            check_tokenizer_round_trip(ours, folders[name])
-            check_tokenizer_round_trip(trl_python, folders[name])
-        for name in models:
-            for p, k, t in CASES:
-                case = BenchCase(name, p, k, t, steps=args.steps)
-                runs: dict[str, list[dict[str, Any]]] = {"rloo": [], "trl": []}
-                for repeat in range(repeats):
-                    order = [("rloo", ours, "run_rloo.py"), ("trl", trl_python, "run_trl.py")]
-                    for impl, python, script in order if repeat % 2 == 0 else order[::-1]:
-                        runs[impl].append(run_child(python, script, folders[name], case, {}))
-                        print(f"{case.name} {impl} repeat {repeat}: done", flush=True)
-                results["cases"].append(
-                    {"case": asdict(case), "rloo": summarize(runs["rloo"]), "trl": summarize(runs["trl"])}
-                )
+        for name in {c.model for c in cases}:
+            for python, _ in impls.values():
+                check_tokenizer_round_trip(python, folders[name])
+        results["cases"] = [run_case(case, impls, folders[case.model], args.repeats) for case in cases]
+        models = sorted({c.model for c in cases if c.model in MODEL_SIZES})
         results["generation"] = [generation_speed(folders[name], name) for name in models]
-        if not args.skip_scaling:
-            results["scaling"] = scaling(ours, folders["tiny"], args.steps)
+        if args.scaling:
+            results["scaling"] = scaling(Path(sys.executable), folders["tiny"], args.steps)
+    results["peak_flops_after"] = measure_peak_matmul_flops()
     Path(args.output).write_text(json.dumps(results, indent=1))
     print(f"results written to {args.output}; render with benchmarks/render.py")
 

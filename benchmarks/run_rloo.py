@@ -10,21 +10,38 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BenchCase, StepRecord, prompts, reward_sevens, write_result
+from common import (
+    BenchCase,
+    FlopCounter,
+    RunInfo,
+    StepRecord,
+    current_rss_mib,
+    model_sizes,
+    prompts,
+    reward_sevens,
+    write_result,
+)
 
 from rloo import RLOOConfig, RLOOTrainer
 
 
 class Timer:
-    def __init__(self) -> None:
-        self.last = 0.0
+    def __init__(self, counter: FlopCounter) -> None:
+        self.last, self.flops, self.rss = 0.0, 0.0, 0.0
+        self.counter = counter
         self.steps: list[StepRecord] = []
 
     def on_train_begin(self, trainer: Any) -> None:
+        self.counter.attach(trainer.unwrapped_model)
+        self.counter.attach(trainer.ref_model)
+        self.rss = current_rss_mib()
         self.last = time.perf_counter()
 
     def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+        if "timing/generate" not in logs:  # the run's summary at the end
+            return
         now = time.perf_counter()
+        rows = trainer.args.completions_per_generation
         self.steps.append(
             StepRecord(
                 seconds=now - self.last,
@@ -32,23 +49,27 @@ class Timer:
                 score=logs["timing/score"],
                 logprobs=logs["timing/reference"],
                 train=logs["timing/train"],
-                completion_tokens=int(logs["completions/mean_length"] * trainer.args.completions_per_generation),
+                completion_tokens=round(logs["completions/mean_length"] * rows),
                 prompt_tokens=int(logs["num_tokens"]),
+                flops=self.counter.flops - self.flops,
+                mean_length=logs["completions/mean_length"],
+                clipped_ratio=logs["completions/clipped_ratio"],
             )
         )
-        self.last = now
+        self.last, self.flops = now, self.counter.flops
 
 
 def main() -> None:
     case = BenchCase(**json.loads(sys.argv[2]))
     model_dir, out = sys.argv[1], sys.argv[3]
     options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
-    timer = Timer()
+    timer = Timer(FlopCounter())
     args = RLOOConfig(
         output_dir=tempfile.mkdtemp(),
         num_generations=case.num_generations,
         per_device_train_batch_size=case.num_prompts * case.num_generations,
         max_completion_length=case.max_completion_length,
+        max_prompt_length=None,
         learning_rate=1e-5,
         beta=0.05,
         temperature=1.0,
@@ -63,13 +84,14 @@ def main() -> None:
         model=model_dir,
         reward_funcs=reward_sevens,
         args=args,
-        train_dataset=prompts(case.num_prompts * case.steps),
+        train_dataset=prompts(case.num_prompts * case.steps, case.prompt_chars),
         callbacks=[timer],
     )
     trainer.console.quiet = True
     trainer.train()
-    params = sum(p.numel() for p in trainer.unwrapped_model.parameters())
-    write_result(out, case, "rloo", timer.steps, params)
+    total, head, body = model_sizes(trainer.unwrapped_model)
+    prompt_length = len(trainer.processing_class(prompts(1, case.prompt_chars)[0]["prompt"])["input_ids"])
+    write_result(out, case, "rloo", timer.steps, RunInfo(total, head, body, prompt_length, timer.rss))
 
 
 if __name__ == "__main__":
