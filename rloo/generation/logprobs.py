@@ -106,8 +106,9 @@ def completion_logprobs(
     ``chunked_head``: apply the LM head chunk by chunk (:mod:`rloo.generation.lm_head`), never building
     ``(N, Tc, V)`` logits; padding positions then get 0 (the plain path gives the pad token's log-prob
     there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
-    ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it
-    (:mod:`rloo.generation.shared_prompt`), where the model and rows allow it. ``max_logits_mib``: the
+    ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it and their
+    completions run in length buckets (:mod:`rloo.generation.shared_prompt`), where the model and rows
+    allow it. ``max_logits_mib``: the
     chunked head's float32 logits per chunk (None: 64 MiB).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)

@@ -4,7 +4,8 @@ A micro-batch (``per_device_train_batch_size`` rows) is cut into passes that kee
 float32 logits tensor within ``max_logits_memory_mb``; the loss of every pass is scaled by
 whole-step totals, so splitting changes memory, never the gradient. Where the model allows it
 (:func:`rloo.generation.logprobs.completion_logprobs`) a pass never builds those logits at all: the
-LM head runs in chunks of ~64 MiB, and rows of a pass with the same prompt share one forward of it.
+LM head runs in chunks of ~64 MiB, rows of a pass with the same prompt share one forward of it, and
+their completions run in length buckets, each padded to its own longest row only.
 """
 
 from __future__ import annotations
