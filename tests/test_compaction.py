@@ -10,6 +10,8 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionAndFullAttentionLayer
 
 import rloo.generation.decoding as decoding_module
+from rloo import RLOOConfig
+from rloo.generation.decoding import COMPACT_AT
 from rloo.generation.kv_cache import PreallocatedLayer, can_select_rows, select_rows
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
@@ -174,14 +176,13 @@ def test_a_cache_or_layer_it_does_not_know_is_never_compacted() -> None:
         assert not can_select_rows(cache)
 
 
-def test_sampler_compaction_is_off_by_default_and_reaches_the_sampler_when_set(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sampler_compaction_is_on_by_default_and_off_when_null(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.helpers.models import trainer
 
     spy = SelectSpy(monkeypatch)
-    trainer(tmp_path / "off", max_steps=1, max_completion_length=12).train()
-    assert spy.sizes == []  # default: never compacted (sampling stays bit-comparable across process counts)
+    trainer(tmp_path / "off", max_steps=1, max_completion_length=12, sampler_compaction=None).train()
+    assert spy.sizes == []  # null: never compacted (sampling stays bit-comparable across process counts)
+    assert RLOOConfig(output_dir=str(tmp_path / "d")).sampler_compaction == COMPACT_AT
     run = trainer(tmp_path / "on", max_steps=1, max_completion_length=12, sampler_compaction=1e-9)
     run.train()
     assert spy.sizes, "the run's sampler compacted its decode batch"

@@ -50,11 +50,12 @@ class PlumbingFields:
         trl="torch_compile_mode",
     )
     sampler_compaction: float | None = option(
-        None,
-        "Finished rows leave the sampler's decode batch once they are this fraction of it (e.g. 0.25): less "
-        "work when completion lengths vary. Exact up to float rounding: a row decoded in a smaller batch can "
-        "differ in the last bits, which can flip a rare sampled token, so a run with it is not bit-comparable "
-        "with one without, or across process counts. None = off.",
+        0.25,
+        "Finished rows leave the sampler's decode batch once they are this fraction of it (on by default): "
+        "a finished completion stops paying decoding steps, which on realistic work (most completions end "
+        "early, a tail runs to the limit) is most of sampling. Exact up to float rounding: a row decoded in a "
+        "smaller batch can differ in the last bits, which can flip a rare sampled token, so runs are not "
+        "bit-comparable with compaction off or across process counts; set null (off) to compare them.",
         trl=None,
     )
     push_to_hub: bool = option(

@@ -50,6 +50,7 @@ def main(out: Path) -> None:
             normalize_advantages=normalize,
             advantage_estimator="rloo" if lora_eval else estimator,
             max_steps=2,
+            sampler_compaction=None,  # bit-comparable sampling across process counts (compaction rounds per batch)
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,

@@ -59,6 +59,7 @@ def main(out: Path) -> None:
             num_generations=2,
             beta=0.05,
             max_steps=2,
+            sampler_compaction=None,  # bit-comparable sampling across process counts (compaction rounds per batch)
             max_grad_norm=0.05,  # small: clipping acts, so the global norm of the sharded gradient matters
             # six digits end a completion: often every completion of one process ends before the
             # other's do, and it keeps decoding (lockstep generation)
