@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import MODEL_SIZES, BenchCase, prompts  # noqa: E402
+from sampler_speed import build_model, generation_speed  # noqa: E402
 from summary import summarize  # noqa: E402
 from varied_lengths import arrange, hazard_for, length_distribution  # noqa: E402
 
@@ -74,20 +74,11 @@ def ensure_trl_venv(version: str) -> Path:
 
 
 def build_models(folder: Path) -> dict[str, Path]:
-    """The benchmark's model folders: each size, and ``small-varied`` (:mod:`varied_lengths`)."""
-    from rloo.tiny import save_tiny_model
-
+    """The benchmark's model folders: each size, and ``<size>-varied`` (:mod:`varied_lengths`)."""
     paths = {}
-    for name, size in MODEL_SIZES.items():
-        paths[name] = save_tiny_model(
-            folder / name,
-            vocab_size=size["vocab_size"],
-            hidden_size=size["hidden_size"],
-            num_layers=size["num_layers"],
-            num_heads=size["num_heads"],
-            intermediate_size=size["intermediate_size"],
-        )
-        hazard = hazard_for(CASES["realistic"][0].max_completion_length, VARIED_REACH)
+    hazard = hazard_for(CASES["realistic"][0].max_completion_length, VARIED_REACH)
+    for name in MODEL_SIZES:
+        paths[name] = build_model(folder, name)
         paths[f"{name}-varied"] = arrange(paths[name], folder / f"{name}-varied", hazard)
     return paths
 
@@ -175,69 +166,6 @@ def main() -> None:
     results["peak_flops_after"] = measure_peak_matmul_flops()
     Path(args.output).write_text(json.dumps(results, indent=1))
     print(f"results written to {args.output}; render with benchmarks/render.py")
-
-
-def generation_speed(model_dir: Path, name: str, prompts: int = 4, k: int = 16, tokens: int = 128) -> dict[str, Any]:
-    """Our sampler vs ``transformers``' ``generate`` on the same model and batch: tokens/s.
-
-    Same distribution (temperature 1, no top-k/top-p), ``prompts x k`` rows, ``tokens`` new
-    tokens; median of 3 timed runs after a warm-up. EOS is masked out of both (a -inf bias
-    on its logit) so both produce exactly ``tokens`` tokens per row.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rloo.generation.rollout import generate_rollouts
-    from rloo.generation.sampling import SamplingParams
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    model.lm_head.register_forward_hook(
-        lambda m, i, out: out.index_fill(-1, torch.tensor([tokenizer.eos_token_id]), -1e9)
-    )
-    ids = [tokenizer(f"{i}+{i}=")["input_ids"] for i in range(prompts)]
-
-    def ours() -> int:
-        out = generate_rollouts(
-            model,
-            ids,
-            list(range(prompts)),
-            num_generations=k,
-            max_new_tokens=tokens,
-            params=SamplingParams(),
-            eos_token_ids=[tokenizer.eos_token_id],
-            pad_token_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(0),
-        )
-        return int(out.completion_mask.sum())
-
-    def theirs() -> int:
-        batch = tokenizer([f"{i}+{i}=" for i in range(prompts)], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=tokens,
-                num_return_sequences=k,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        return int(out[:, batch["input_ids"].shape[1] :].numel())
-
-    speeds: dict[str, float] = {}
-    for label, run in (("rloo", ours), ("transformers", theirs)):
-        run()
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            produced = run()
-            times.append(produced / (time.perf_counter() - start))
-        speeds[label] = statistics.median(times)
-    print(f"generation {name}: {speeds}", flush=True)
-    return {"model": name, "rows": prompts * k, "tokens": tokens, **speeds}
 
 
 def scaling(python: Path, model_dir: Path, steps: int) -> list[dict[str, Any]]:
