@@ -10,8 +10,6 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionAndFullAttentionLayer
 
 import rloo.generation.decoding as decoding_module
-from rloo import RLOOConfig
-from rloo.generation.decoding import COMPACT_AT
 from rloo.generation.kv_cache import PreallocatedLayer, can_select_rows, select_rows
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
@@ -176,13 +174,27 @@ def test_a_cache_or_layer_it_does_not_know_is_never_compacted() -> None:
         assert not can_select_rows(cache)
 
 
-def test_sampler_compaction_is_on_by_default_and_off_when_null(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sampler_compaction_is_on_by_default_none_turns_it_off_and_it_reaches_the_sampler(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rloo.pipeline
+    from rloo.config import RLOOConfig
     from tests.helpers.models import trainer
 
+    assert RLOOConfig(output_dir=str(tmp_path / "config")).sampler_compaction == decoding_module.COMPACT_AT == 0.25
+    passed: list[float | None] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Rollout:
+        passed.append(kwargs["compact_at"])
+        return generate_rollouts(*args, **kwargs)
+
+    monkeypatch.setattr(rloo.pipeline, "generate_rollouts", recording)
     spy = SelectSpy(monkeypatch)
+    trainer(tmp_path / "default", max_steps=1, max_completion_length=12).train()
+    assert passed and set(passed) == {decoding_module.COMPACT_AT}
+    passed.clear()
+    spy.sizes.clear()
     trainer(tmp_path / "off", max_steps=1, max_completion_length=12, sampler_compaction=None).train()
-    assert spy.sizes == []  # null: never compacted (sampling stays bit-comparable across process counts)
-    assert RLOOConfig(output_dir=str(tmp_path / "d")).sampler_compaction == COMPACT_AT
-    run = trainer(tmp_path / "on", max_steps=1, max_completion_length=12, sampler_compaction=1e-9)
-    run.train()
+    assert passed and set(passed) == {None} and spy.sizes == []  # bit-comparable across process counts
+    trainer(tmp_path / "on", max_steps=1, max_completion_length=12, sampler_compaction=1e-9).train()
     assert spy.sizes, "the run's sampler compacted its decode batch"

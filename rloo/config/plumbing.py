@@ -50,12 +50,13 @@ class PlumbingFields:
         trl="torch_compile_mode",
     )
     sampler_compaction: float | None = option(
-        0.25,
-        "Finished rows leave the sampler's decode batch once they are this fraction of it (on by default): "
-        "a finished completion stops paying decoding steps, which on realistic work (most completions end "
-        "early, a tail runs to the limit) is most of sampling. Exact up to float rounding: a row decoded in a "
-        "smaller batch can differ in the last bits, which can flip a rare sampled token, so runs are not "
-        "bit-comparable with compaction off or across process counts; set null (off) to compare them.",
+        0.25,  # rloo.generation.decoding.COMPACT_AT (tests/test_compaction.py checks they agree)
+        "On by default: finished rows leave the sampler's decode batch once they are this fraction of it, so "
+        "they stop paying for decoding steps (attention over their cache, the MLPs, the LM head) while the "
+        "longest completions finish: less sampling work when completion lengths vary (1.80x faster sampling in "
+        "BENCHMARKS.md's fast-path run). Exact up to float rounding: a row decoded in a smaller batch can differ "
+        "in the last bits, which can flip a rare sampled token, so runs are not bit-comparable with compaction "
+        "off, or across process counts; to compare such runs, set it to null (None = off). In (0, 1].",
         trl=None,
     )
     push_to_hub: bool = option(

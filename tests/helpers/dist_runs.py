@@ -50,10 +50,12 @@ def main(out: Path) -> None:
             normalize_advantages=normalize,
             advantage_estimator="rloo" if lora_eval else estimator,
             max_steps=2,
-            sampler_compaction=None,  # bit-comparable sampling across process counts (compaction rounds per batch)
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,
+            # 1 process and 2 decode different batches: compaction would change which rows share a
+            # forward, so rounding (and a rare sampled token) would differ; these runs compare bit for bit
+            sampler_compaction=None,
         )
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
         trainer = RLOOTrainer(

@@ -59,11 +59,13 @@ def main(out: Path) -> None:
             num_generations=2,
             beta=0.05,
             max_steps=2,
-            sampler_compaction=None,  # bit-comparable sampling across process counts (compaction rounds per batch)
             max_grad_norm=0.05,  # small: clipping acts, so the global norm of the sharded gradient matters
             # six digits end a completion: often every completion of one process ends before the
             # other's do, and it keeps decoding (lockstep generation)
             generation_kwargs={"eos_token_id": tok.convert_tokens_to_ids(list("012345"))},
+            # 1 process and 2 decode different batches: compaction would change which rows share a
+            # forward, so rounding (and a rare sampled token) would differ; these runs compare bit for bit
+            sampler_compaction=None,
             **settings,
         )
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
