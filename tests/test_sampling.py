@@ -21,7 +21,6 @@ from rloo.generation.sampling import (
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
-    logsumexp_into,
     sample_categorical,
     sample_next_token,
 )
@@ -189,20 +188,9 @@ def test_logprob_is_unprocessed_tempered_log_softmax(params: SamplingParams) -> 
     torch.testing.assert_close(logprobs, expected, rtol=0, atol=1e-6)
 
 
-def test_logsumexp_into_is_torch_logsumexp_bit_for_bit() -> None:
-    logits = random_logits(8, rows=64, vocab=4096, scale=6.0)
-    logits[1, ::3] = -torch.inf  # a masked part of the vocabulary
-    logits[2] = -torch.inf  # a row with nothing left
-    logits[3, 7] = torch.inf
-    work = torch.empty_like(logits)
-    assert torch.equal(logsumexp_into(logits, work), torch.logsumexp(logits, dim=-1, keepdim=True))
-    assert torch.equal(work[0], torch.exp(logits[0] - logits[0].max()))
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_step_is_the_plain_steps_bit_for_bit(temperature: float) -> None:
-    # the step writes its intermediates into one work tensor; its tokens and log-probs are those of
-    # logsumexp, exp(scaled - logsumexp) and sample_categorical, each on a tensor of its own
+    # its tokens and log-probs are those of logsumexp, exp(scaled - logsumexp) and sample_categorical
     logits, history = random_logits(9, rows=256, vocab=4096), random_history(9, rows=256, vocab=4096)
     tokens, logprobs = sample_next_token(
         logits, history, SamplingParams(temperature=temperature), torch.Generator().manual_seed(3)

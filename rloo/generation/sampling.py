@@ -96,27 +96,14 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None, u: Tens
     kept strictly below the total, and ``cdf`` does not rise at such a token. ``u``: ``(B,)``
     uniforms to use instead of drawing them from ``generator``.
     """
-    return draw_from_cdf(probs.cumsum(dim=-1), generator, u)
-
-
-def draw_from_cdf(cdf: Tensor, generator: torch.Generator | None, u: Tensor | None = None) -> Tensor:
-    """:func:`sample_categorical`'s draw from the running sums ``cdf`` ``(B, V)`` of its probabilities."""
+    cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     if u is None:
-        u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype)
+        u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
     else:
-        u = u.to(cdf.dtype).unsqueeze(1)
+        u = u.to(probs.dtype).unsqueeze(1)
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=cdf.shape[-1] - 1)
-
-
-def logsumexp_into(values: Tensor, work: Tensor) -> Tensor:
-    """``torch.logsumexp(values, dim=-1, keepdim=True)`` bit for bit (ATen's own steps: the row max,
-    0 where it is infinite; the sum of ``exp(values - max)``; its log plus the max), with
-    ``exp(values - max)`` written into ``work`` (``values``' shape) instead of a new tensor."""
-    maxes = values.amax(dim=-1, keepdim=True)
-    maxes.masked_fill_(maxes.abs() == torch.inf, 0)
-    return torch.sub(values, maxes, out=work).exp_().sum(dim=-1, keepdim=True).log_().add_(maxes)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def sample_next_token(
@@ -145,17 +132,14 @@ def sample_next_token(
         tokens = penalized.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     scaled = logits / params.temperature if params.temperature != 1.0 else logits
-    # every full-vocabulary intermediate is written into one (B, V) work tensor (four new ones before)
-    work = torch.empty_like(scaled)
-    lse = logsumexp_into(scaled, work)
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
     plain = params.repetition_penalty == 1.0 and params.top_k <= 0 and params.top_p >= 1.0 and not params.min_p
     if plain:  # the sampling distribution is the scored one: one softmax serves both
-        probs = torch.sub(scaled, lse, out=work).exp_()
+        probs = (scaled - lse).exp_()
     else:
         processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
         processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
         probs = torch.softmax(processed, dim=-1)
-    # the running sums in place: the same sums as sample_categorical's
-    tokens = draw_from_cdf(probs.cumsum_(dim=-1), generator, uniforms)
+    tokens = sample_categorical(probs, generator, uniforms)
     logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse.squeeze(1)
     return tokens, logprobs

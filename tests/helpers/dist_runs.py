@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
 from rloo.algo.losses import AGGREGATION_MODES
-from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+from tests.helpers.models import dataset, frac7, make_model, make_tokenizer, world_config
 
 COMPLETIONS_PER_STEP = 8
 
@@ -41,21 +41,16 @@ def main(out: Path) -> None:
         name = case_name(mode, normalize, estimator)
         tok = make_tokenizer()
         lora_eval = estimator == "lora+eval"
-        args = config(
+        args = world_config(
             out / f"world{world}" / name,
-            per_device_train_batch_size=COMPLETIONS_PER_STEP // world,
-            num_generations=2,
-            beta=0.05,
+            world,
+            COMPLETIONS_PER_STEP,
             loss_aggregation=mode,
             normalize_advantages=normalize,
             advantage_estimator="rloo" if lora_eval else estimator,
-            max_steps=2,
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,
-            # 1 process and 2 decode different batches: compaction would change which rows share a
-            # forward, so rounding (and a rare sampled token) would differ; these runs compare bit for bit
-            sampler_compaction=None,
         )
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
         trainer = RLOOTrainer(

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
 from rloo.training.sharding import is_sharded
-from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
+from tests.helpers.models import dataset, frac7, make_model, make_tokenizer, world_config
 
 COMPLETIONS_PER_STEP = 8
 
@@ -53,19 +53,14 @@ def main(out: Path) -> None:
     for name, settings in CASES.items():
         tok = make_tokenizer()
         lora = name == "lora"
-        args = config(
+        args = world_config(
             out / f"world{world}" / name,
-            per_device_train_batch_size=COMPLETIONS_PER_STEP // world,
-            num_generations=2,
-            beta=0.05,
-            max_steps=2,
+            world,
+            COMPLETIONS_PER_STEP,
             max_grad_norm=0.05,  # small: clipping acts, so the global norm of the sharded gradient matters
             # six digits end a completion: often every completion of one process ends before the
             # other's do, and it keeps decoding (lockstep generation)
             generation_kwargs={"eos_token_id": tok.convert_tokens_to_ids(list("012345"))},
-            # 1 process and 2 decode different batches: compaction would change which rows share a
-            # forward, so rounding (and a rare sampled token) would differ; these runs compare bit for bit
-            sampler_compaction=None,
             **settings,
         )
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}

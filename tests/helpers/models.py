@@ -64,6 +64,22 @@ def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
     return RLOOConfig(**values)
 
 
+def world_config(out: Path, world: int, completions_per_step: int, **overrides: Any) -> RLOOConfig:
+    """:func:`config` of a run that 1 and ``world`` processes train alike, compared bit for bit: the
+    same global batch (``completions_per_step`` over all processes), K = 2, beta 0.05, 2 steps, and
+    sampler compaction off (a row decoded in another batch, as 1 and 2 processes decode, can round
+    differently and, rarely, sample another token)."""
+    return config(
+        out,
+        per_device_train_batch_size=completions_per_step // world,
+        num_generations=2,
+        beta=0.05,
+        max_steps=2,
+        sampler_compaction=None,
+        **overrides,
+    )
+
+
 def trainer(
     tmp_path: Path, reward_funcs: Any = frac7, data: Any = None, callbacks_: Any = None, **overrides: Any
 ) -> RLOOTrainer:
