@@ -6,14 +6,17 @@ STAMP := $(VENV)/.installed
 # CPU build of torch by default; a GPU user installs the CUDA build into .venv first
 # (see README), and this pin is then already satisfied or can be overridden.
 TORCH_SPEC ?= torch==2.13.0
+# The versions CI ran, as pip constraints (README "Tested versions"); `make CONSTRAINTS= install`
+# resolves afresh instead.
+CONSTRAINTS ?= requirements/tested.txt
 
-.PHONY: install demo test test-slow lint bench
+.PHONY: install demo test test-slow test-newest test-oldest lint lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -60,3 +63,16 @@ sandbox:
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow
+
+# The model-family and trainer tests against the newest transformers/accelerate/peft/datasets on
+# the package index, or against pyproject's lower bounds, each in a venv of its own
+# (tools/check_dependencies.py); run on purpose, before raising a bound or the lock.
+test-newest:
+	$(PYTHON) tools/check_dependencies.py newest
+test-oldest:
+	$(PYTHON) tools/check_dependencies.py oldest
+
+# Record .venv's versions as the tested ones, after `make test` passed on them.
+lock: $(STAMP)
+	{ sed -n '1,3p' requirements/tested.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^torch=='; } \
+		> requirements/tested.txt.new && mv requirements/tested.txt.new requirements/tested.txt

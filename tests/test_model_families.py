@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, LinearAttentionAndFullAttentionLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionAndFullAttentionLayer
 
 import rloo.generation.rollout as rollout_module
 from rloo import RLOOTrainer
 from rloo.data.images import encode_image_prompts, image_messages
-from rloo.generation.kv_cache import share_prefill, unshareable_layers
+from rloo.generation.kv_cache import DummyLayer, returned_cache, share_prefill, unshareable_layers
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
@@ -40,6 +40,7 @@ from tests.helpers.vision import VISION_FAMILIES, build_vision, tiny_image
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 ATTENTION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 GQA = {**ATTENTION, "num_key_value_heads": 2}
 MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_d_conv": 4}
@@ -179,7 +180,7 @@ def sample(
 def first_prefill_cache(model: Any, prompt_ids: list[list[int]], tokenizer: Any) -> Any:
     ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id, CPU)
     with torch.no_grad():
-        return rollout_module.returned_cache(model, model(input_ids=ids, attention_mask=mask, use_cache=True))[1]
+        return returned_cache(model, model(input_ids=ids, attention_mask=mask, use_cache=True))[1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -254,10 +255,15 @@ def test_rloo_trains(family: str, tokenizer: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lora_with_beta_trains_against_adapters_disabled(
-    family: str, tokenizer: Any, prompt_ids: list[list[int]], tmp_path: Path
+    family: str, tokenizer: Any, prompt_ids: list[list[int]], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     from peft import LoraConfig
 
+    if family == "jamba" and TRANSFORMERS < (5, 21):
+        # Jamba's router was a plain nn.Linear until 5.21: LoRA wraps it, and its load-balancing loss
+        # then fails inside transformers (index out of bounds); strict, so a passing run is noticed
+        reason = "transformers < 5.21: Jamba's load-balancing loss fails with a LoRA-wrapped router"
+        request.applymarker(pytest.mark.xfail(strict=True, raises=RuntimeError, reason=reason))
     # peft refuses LoRA on a Mamba mixer's out_proj (its fused kernels read the weight directly)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=["out_proj"], lora_dropout=0.0)
     trainer = family_trainer(family, tokenizer, tmp_path, peft_config=lora, beta=0.1, max_steps=2)
@@ -318,7 +324,7 @@ def test_share_prefill_repeats_every_state_of_every_known_layer() -> None:
     hybrid.update_conv_state(rows(2, 6, 3), conv_kernel_size=4)
     hybrid.update_recurrent_state(rows(2, 2, 4, 4))
     cache = DynamicCache()
-    cache.layers = [attention, hybrid, DummyLayer()]
+    cache.layers = [attention, hybrid] + ([] if DummyLayer is None else [DummyLayer()])  # >= 5.23
     assert unshareable_layers(cache) == []
     assert share_prefill(cache, 3)
     assert hybrid.conv_states[0].shape == (6, 6, 4)  # the prefill's 3 positions left-padded to the kernel

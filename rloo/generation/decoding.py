@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rloo.generation.kv_cache import select_rows
+from rloo.generation.kv_cache import is_recurrent, select_rows
 from rloo.generation.multimodal import step_positions
 from rloo.generation.sampling import SamplingParams
 
@@ -55,6 +55,7 @@ class DecodeBatch:
     rows: Tensor
     total: int
     keyword: str
+    recurrent: bool
     cache: Any
     attention: Tensor
     next_position: Tensor
@@ -70,6 +71,7 @@ class DecodeBatch:
             rows=torch.arange(prompt_ids.shape[0], device=prompt_ids.device),
             total=prompt_ids.shape[0],
             keyword=filled.keyword,
+            recurrent=is_recurrent(cache),
             cache=cache,
             attention=prompt_mask,
             next_position=prompt_mask.sum(dim=1, keepdim=True),
@@ -110,11 +112,12 @@ class DecodeBatch:
         self.attention = torch.cat([self.attention, torch.ones_like(token).unsqueeze(1)], dim=1)
         out = model(
             input_ids=token.unsqueeze(1),
-            # Mamba-style models mask each input position: a step's mask is its new token's
-            attention_mask=self.attention if self.keyword == "past_key_values" else self.attention[:, -1:],
+            # a state-space model's own generate decodes without a mask (it masks input positions, and
+            # the whole mask would broadcast against the one new position)
+            attention_mask=None if self.recurrent else self.attention,
             position_ids=step_positions(self.next_position, self.rope_deltas),
             use_cache=True,
             **{self.keyword: self.cache},
         )
-        self.cache, self.logits = getattr(out, self.keyword), out.logits[:, -1]
+        self.cache, self.logits = out[self.keyword], out.logits[:, -1]
         self.next_position = self.next_position + 1

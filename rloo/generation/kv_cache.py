@@ -20,6 +20,13 @@ are left as they are.
 Row selection (:func:`select_rows`): the sampler drops finished rows from its decode batch
 (compaction), keeping only the rows of every per-row state that are still decoding; the same
 table says which states those are, and a cache it does not know is never compacted.
+
+Which cache a forward returned (:func:`returned_cache`) is read off the output's set fields, and
+whether it holds attention over past tokens (:func:`is_recurrent`) off its layers' types: never by
+which attribute answers first. transformers 5.24 renamed both ``past_key_values`` (attention
+models) and ``cache_params`` (Mamba-style) to ``cache`` and answers the old names as aliases
+until 5.40, so the old attribute test filed Mamba as an attention model and decoded it with the
+whole attention mask: the wrong distribution from the second token on.
 """
 
 from __future__ import annotations
@@ -27,15 +34,21 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
+from transformers import cache_utils
 from transformers.cache_utils import (
-    DummyLayer,
+    CacheLayerMixin,
     DynamicCache,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
 )
+
+# a layer that holds nothing (MLP-only layers, layers reading another layer's cache); transformers >= 5.23
+DummyLayer: type | None = getattr(cache_utils, "DummyLayer", None)
 
 _KEY_VALUE = ("keys", "values")
 _LINEAR = ("conv_states", "recurrent_states")  # dicts: state index -> (B, ...) tensor or None
@@ -46,10 +59,47 @@ ROW_STATES: dict[type, tuple[str, ...]] = {
     LinearAttentionLayer: _LINEAR,
     LinearAttentionAndFullAttentionLayer: _KEY_VALUE + _LINEAR,
     LinearAttentionAndSlidingWindowAttentionLayer: _KEY_VALUE + _LINEAR,
-    DummyLayer: (),
 }
+if DummyLayer is not None:
+    ROW_STATES[DummyLayer] = ()
 # tensors a known layer holds that are the same for every row
 _SHARED_TENSORS = frozenset({"_sliding_window_tensor"})
+
+
+# the names a forward's output holds its cache under, newest first (see the module docstring); a
+# model takes its cache back under the name it returned it by
+CACHE_FIELDS = ("cache", "past_key_values", "cache_params")
+
+
+def cache_of(out: Any) -> tuple[str, Any] | None:
+    """``(name, cache)``: the cache a forward's output holds, under the name the model takes it back
+    by (read off the output's set fields, not its attribute aliases); None when it holds none."""
+    fields = out.keys() if hasattr(out, "keys") else ()
+    return next(((name, out[name]) for name in CACHE_FIELDS if name in fields and out[name] is not None), None)
+
+
+def returned_cache(model: nn.Module, out: Any) -> tuple[str, Any]:
+    """:func:`cache_of` a ``use_cache=True`` forward's output; a ``ValueError`` naming the model
+    class when it returned none."""
+    found = cache_of(out)
+    if found is not None:
+        return found
+    raise ValueError(
+        f"{type(model).__name__} returned no cache ({' or '.join(CACHE_FIELDS)}) from a forward with "
+        "use_cache=True, so rloo's sampler cannot decode with it; use a model that returns its cache"
+    )
+
+
+def is_recurrent(cache: Any) -> bool:
+    """Whether every layer of ``cache`` holds only recurrent states (Mamba-style state-space layers:
+    a convolution window and an SSM state, no keys/values of past tokens; transformers' own
+    ``Cache.is_linear`` test). Such a model's decoding step takes no attention mask, as its own
+    ``generate`` passes none; an attention or hybrid cache takes the whole mask. A cache of another
+    class (no ``layers``) counts as attention."""
+    layers = [layer for layer in getattr(cache, "layers", ()) if DummyLayer is None or type(layer) is not DummyLayer]
+    return bool(layers) and all(
+        isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin) for layer in layers
+    )
 
 
 def _holds_tensor(value: Any) -> bool:

@@ -146,4 +146,6 @@ def completion_logprobs(
     else:  # the plain path: the model's (N, Tc, V) logits
         out = forward()
         logprobs, entropy = score(out.logits, completion_ids)
-    return TokenLogprobs(logprobs, entropy, out.aux_loss if with_aux_loss else None)
+    # a model without routers in this configuration may return a plain 0 (GraniteMoeHybrid, transformers < 5.19)
+    aux_loss = out.aux_loss if with_aux_loss and isinstance(out.aux_loss, Tensor) else None
+    return TokenLogprobs(logprobs, entropy, aux_loss)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
 from rloo.generation.decoding import DecodeBatch, step_draws
-from rloo.generation.kv_cache import can_select_rows, preallocate, share_prefill
+from rloo.generation.kv_cache import can_select_rows, preallocate, returned_cache, share_prefill
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
 
@@ -89,23 +89,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
             ids[row, length - len(seq) :] = torch.tensor(seq, dtype=torch.long)
             mask[row, length - len(seq) :] = 1
     return ids.to(device), mask.to(device)
-
-
-# Mamba-style models (Mamba, Mamba2, FalconMamba) take and return their cache as cache_params
-CACHE_KEYWORDS = ("past_key_values", "cache_params")
-
-
-def returned_cache(model: nn.Module, out: Any) -> tuple[str, Any]:
-    """``(keyword, cache)``: the cache a ``use_cache=True`` forward returned and the keyword the
-    model takes it back by; a ``ValueError`` naming the model class when it returned none."""
-    for keyword in CACHE_KEYWORDS:
-        cache = getattr(out, keyword, None)
-        if cache is not None:
-            return keyword, cache
-    raise ValueError(
-        f"{type(model).__name__} returned no cache ({' or '.join(CACHE_KEYWORDS)}) from a forward with "
-        "use_cache=True, so rloo's sampler cannot decode with it; use a model that returns its cache"
-    )
 
 
 @dataclass

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from rloo.generation.kv_cache import cache_of
 from rloo.generation.lm_head import (
     ChunkScore,
     HeadInputs,
@@ -129,8 +130,11 @@ def _forward_hidden(model: nn.Module, head: nn.Module, forward: Callable[[], Any
     return out, inputs.hidden
 
 
-def _prompt_states(model: nn.Module, head: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor] | None:
-    """The distinct prompts' cache and last hidden states ``(U, 1, D)``; None (remembered when it is a fact
+def _prompt_states(
+    model: nn.Module, head: nn.Module, ids: Tensor, mask: Tensor
+) -> tuple[tuple[str, Any], Tensor] | None:
+    """The distinct prompts' cache (with the name the model takes it by: :func:`cache_of`) and last
+    hidden states ``(U, 1, D)``; None (remembered when it is a fact
     of the model: logits the head check rejects, a cache of other layers) where they cannot be shared."""
 
     def forward() -> Any:
@@ -142,14 +146,13 @@ def _prompt_states(model: nn.Module, head: nn.Module, ids: Tensor, mask: Tensor)
         _UNSHARED_MODELS.add(model)
         return None
     out, hidden = prompt
-    caches = [getattr(out, name, None) for name in ("past_key_values", "cache_params")]
-    cache = next((found for found in caches if found is not None), None)
-    if cache is None:  # no cache returned in this mode (use_cache off): not remembered, a mode can change
+    found = cache_of(out)
+    if found is None:  # no cache returned in this mode (use_cache off): not remembered, a mode can change
         return None
-    if not _indexable(cache):
+    if not _indexable(found[1]):
         _UNSHARED_MODELS.add(model)
         return None
-    return cache, hidden
+    return found, hidden
 
 
 def _select_cache(cache: Any, rows: Tensor) -> Any:
@@ -167,7 +170,7 @@ def _select_cache(cache: Any, rows: Tensor) -> Any:
 def _completion_hidden(
     model: nn.Module,
     head: nn.Module,
-    states: tuple[Any, Tensor],
+    states: tuple[tuple[str, Any], Tensor],
     prompts: Tensor,
     prompt_mask: Tensor,
     completion_ids: Tensor,
@@ -176,7 +179,7 @@ def _completion_hidden(
     """The head's inputs ``(n, Tc, D)`` that predict ``completion_ids`` ``(n, Tc)`` of n rows, whose
     distinct prompts are ``prompts`` ``(n,)`` in the prompt forward's ``states`` (cache, last hidden
     states); None when the completion forward's logits fail the head check."""
-    cache, prompt_hidden = states
+    (cache_name, cache), prompt_hidden = states
     hidden = prompt_hidden.index_select(0, prompts)  # (n, 1, D): predicts the first completion token
     if completion_ids.shape[1] == 1:
         return hidden
@@ -190,8 +193,8 @@ def _completion_hidden(
             input_ids=inputs,
             attention_mask=attention[:, :-1],
             position_ids=position_ids_from_mask(attention)[:, tp:-1],
-            past_key_values=rows_cache,
             use_cache=True,
+            **{cache_name: rows_cache},
         ),
     )
     return None if rest is None else torch.cat([hidden, rest[1]], dim=1)

@@ -207,7 +207,10 @@ def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn
     if gradient_checkpointing:
         # checkpointed blocks need an input that requires grad when the embeddings are frozen
         model.enable_input_require_grads()
-    wrapped: nn.Module = get_peft_model(model, peft_config)
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` (its call, not ours; peft <= 0.21.2)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        wrapped: nn.Module = get_peft_model(model, peft_config)
     return wrapped
 
 
@@ -284,7 +287,7 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
 def check_decodable(model: nn.Module) -> None:
     """Refuse, at start-up, a model whose forward returns no cache: the sampler decodes with it
     (a one-token forward; e.g. RecurrentGemma keeps its state inside its modules)."""
-    from rloo.generation.rollout import returned_cache
+    from rloo.generation.kv_cache import returned_cache
 
     was_training = model.training
     model.eval()
