@@ -89,7 +89,9 @@ class ScoredRollout:
 
     prompts: the P raw dataset prompts; completion_texts: N decoded completions; rewards:
     per-function scores, the weighted combination and the scorable mask, all ``(N, ...)``;
-    num_truncated_prompts: prompts cut to ``max_prompt_length``.
+    num_truncated_prompts: prompts cut to ``max_prompt_length``; policy_version: the optimizer
+    steps the sampling policy had taken (stamped by :mod:`rloo.training.rollout_source`; None
+    for rollouts no training step uses, e.g. evaluation's).
     """
 
     rollout: Rollout
@@ -99,6 +101,7 @@ class ScoredRollout:
     num_truncated_prompts: int
     generate_seconds: float
     score_seconds: float
+    policy_version: int | None = None
 
 
 def encode_batch(

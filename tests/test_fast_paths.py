@@ -10,7 +10,7 @@ from pytest import MonkeyPatch
 
 import rloo.training.passes as passes_module
 from rloo.training.passes import no_grad_logprobs
-from tests.helpers.models import dataset, frac7, params, trainer
+from tests.helpers.models import dataset, frac7, next_train_batch, params, trainer
 
 
 def first_digit_is_one(prompts: list[str], completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
@@ -101,22 +101,22 @@ def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path,
 def test_sampling_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:
     """KL in the reward uses the sampler's log-probs instead of an extra forward pass."""
     t = trainer(tmp_path, beta=0.05)
-    batch = t._generate_and_score()
+    batch = next_train_batch(t)
     forward = no_grad_logprobs(t.model, batch.rollout, t.args.temperature, max_rows=batch.num_rows)
     torch.testing.assert_close(forward, batch.rollout.sampling_logprobs, rtol=0, atol=1e-5)
 
 
 def test_no_old_logprob_pass_when_the_batch_is_used_once(tmp_path: Path) -> None:
     once = trainer(tmp_path / "once")
-    assert once._generate_and_score().old_logprobs is None
+    assert next_train_batch(once).old_logprobs is None
     twice = trainer(tmp_path / "twice", num_iterations=2)
-    assert twice._generate_and_score().old_logprobs is not None
+    assert next_train_batch(twice).old_logprobs is not None
 
 
 def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> None:
     """With one optimizer step per batch, old = current.detach() gives the update of a real old pass."""
     plain = trainer(tmp_path / "a", max_steps=1, beta=0.0)
-    batch = plain._generate_and_score()
+    batch = next_train_batch(plain)
     with_old = type(batch)(
         batch.rollout,
         batch.loss_mask,

@@ -11,7 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rloo"
 STAGES = ("algo", "config", "data", "generation", "rewards", "training", "cli")
-MAX_LINES = 400
+# the target is 400 lines (CONTRIBUTING); the test fails at 500, so nothing is packed to stay under it
+MAX_LINES = 500
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -49,7 +50,7 @@ def test_every_stage_is_a_documented_package() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_module_over_400_lines(module: Path) -> None:
+def test_no_module_over_500_lines(module: Path) -> None:
     lines = len(module.read_text().splitlines())
     assert lines <= MAX_LINES, f"{module.relative_to(PACKAGE)} has {lines} lines; split it by what it holds"
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rloo.algo.objective import ObjectiveInputs, ObjectiveOutput, policy_objective
+from rloo.algo.objective import ObjectiveInputs, ObjectiveOutput, ObjectiveSettings, policy_objective
 
 F64 = torch.float64
 RHO = math.exp(0.1)  # old log-probs are the current ones - 0.1: ratio e^0.1, inside the clip range
@@ -50,19 +50,17 @@ def objective(
     kl_coef: float = KL_COEF,
     entropy_coef: float = ENTROPY_COEF,
 ) -> ObjectiveOutput:
-    return policy_objective(
-        x,
+    settings = ObjectiveSettings(
         ratio_level="token",
         eps_low=eps,
         eps_high=eps,
         aggregation=aggregation,
-        total_tokens=TOTAL_TOKENS,
-        total_sequences=TOTAL_SEQUENCES,
         max_completion_length=T_MAX,
         kl_estimator="k1",
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
     )
+    return policy_objective(x, settings, total_tokens=TOTAL_TOKENS, total_sequences=TOTAL_SEQUENCES)
 
 
 @pytest.mark.parametrize("aggregation", list(EXPECTED))

@@ -51,10 +51,14 @@ TRL_METRICS = [
     "grad_norm",
     "learning_rate",
     "num_tokens",
+    "timing/rollout",
     "timing/generate",
     "timing/score",
-    "timing/reference",
-    "timing/train",
+    "timing/logprobs",
+    "timing/advantages",
+    "timing/update",
+    "timing/step",
+    "policy_version",
     "tokens_per_second",
 ]
 
@@ -102,13 +106,13 @@ def test_same_seed_gives_identical_parameters(tmp_path: Path) -> None:
 def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> None:
     t = trainer(tmp_path, max_steps=4, num_iterations=2, learning_rate=5e-2, epsilon=0.05)
     seen: list[Any] = []
-    original = t._update
+    original = t._optimizer_steps
 
-    def spy(batch: Any) -> None:
+    def spy(batch: Any) -> Any:
         seen.append(batch.old_logprobs)
-        original(batch)
+        return original(batch)
 
-    t._update = spy  # type: ignore[method-assign]
+    t._optimizer_steps = spy  # type: ignore[method-assign]
     t.train()
     assert seen and all(old is not None for old in seen)
     clipped = [h["clip_ratio/region_mean"] for h in t.state.log_history if "reward" in h]
@@ -250,13 +254,13 @@ def test_long_prompts_are_truncated_from_the_left_and_counted(tmp_path: Path) ->
 def test_mask_truncated_completions_removes_their_loss(tmp_path: Path) -> None:
     t = trainer(tmp_path, max_completion_length=3, mask_truncated_completions=True, max_steps=2)
     batches: list[Any] = []
-    original = t._update
+    original = t._optimizer_steps
 
-    def spy(batch: Any) -> None:
+    def spy(batch: Any) -> Any:
         batches.append(batch)
-        original(batch)
+        return original(batch)
 
-    t._update = spy  # type: ignore[method-assign]
+    t._optimizer_steps = spy  # type: ignore[method-assign]
     t.train()
     truncated = torch.cat([b.rollout.truncated for b in batches])
     loss_mask = torch.cat([b.loss_mask for b in batches])

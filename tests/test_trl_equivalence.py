@@ -1,8 +1,10 @@
-"""Our math core reproduces TRL 1.13's RLOOTrainer default math exactly.
+"""Our math core reproduces TRL's RLOOTrainer default math exactly (1.13 and 1.16, identical here).
 
 The reference below is transcribed from TRL's ``_generate_and_score_completions`` and
 ``_compute_loss`` (rewards -> KL penalty -> leave-one-out baseline -> sequence-level
-clipped loss); see the TRL source, ``trl/trainer/rloo_trainer.py``.
+clipped loss); see the TRL source, ``trl/trainer/rloo_trainer.py``. Since trl#5902 a completion
+every reward function returned None for is unscorable there too: NaN in the rewards, left out of
+the baseline and of the normalization, advantage 0 (read in the 1.13.0 and 1.16.0 wheels).
 """
 
 from __future__ import annotations
@@ -36,18 +38,22 @@ def trl_reference(
     num_generations = G
     epsilon_low = epsilon
     # _generate_and_score_completions
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
     rewards = (rewards_per_func * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
     rewards = rewards.clamp(min=CLIP_RANGE[0], max=CLIP_RANGE[1])
     per_token_kl = old_per_token_logps - ref_per_token_logps
     kl = (per_token_kl * completion_mask).sum(-1)
     rewards = rewards - BETA * kl
     grouped_rewards = rewards.view(-1, num_generations)
-    grouped_sum = grouped_rewards.sum(dim=1, keepdim=True)
-    baselines = (grouped_sum - grouped_rewards) / (num_generations - 1)
+    scorable_counts = (~torch.isnan(grouped_rewards)).sum(dim=1, keepdim=True)
+    grouped_sum = torch.nansum(grouped_rewards, dim=1, keepdim=True)
+    baselines = (grouped_sum - grouped_rewards) / (scorable_counts - 1)
     baselines = baselines.view(-1)
     advantages = rewards - baselines
     if normalize:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-4)
+        advantages = (advantages - torch.nanmean(advantages)) / (nanstd(advantages) + 1e-4)
+    advantages = torch.nan_to_num(advantages, nan=0.0)
     # _compute_loss
     logps = (per_token_logps * completion_mask).sum(1)
     old_logps = (old_per_token_logps * completion_mask).sum(1)
@@ -59,6 +65,17 @@ def trl_reference(
     per_sequence_loss = -torch.min(per_sequence_loss1, per_sequence_loss2)
     loss = per_sequence_loss.mean()
     return advantages, loss
+
+
+def nanstd(tensor: torch.Tensor) -> torch.Tensor:
+    """TRL's ``trl.trainer.utils.nanstd`` over every dimension: the sample std of the non-NaN values."""
+    mean = torch.nanmean(tensor, dim=None, keepdim=True)
+    variance = torch.nanmean((tensor - mean) ** 2, dim=None, keepdim=True)
+    # TRL divides the integer counts, which gives torch's default float32; in the tensor's dtype here,
+    # so the float64 comparison is not limited by a float32 Bessel factor
+    count = torch.sum(~torch.isnan(tensor), dim=None, keepdim=True).to(tensor.dtype)
+    correction = torch.where(count > 1, count / (count - 1), torch.full_like(variance, float("nan")))
+    return torch.sqrt(variance * correction)
 
 
 def ours(
@@ -85,11 +102,12 @@ def ours(
     return advantages, loss
 
 
-def make_inputs(seed: int, off_policy: bool) -> dict[str, torch.Tensor]:
+def make_inputs(seed: int, off_policy: bool, unscorable: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     rewards_per_func = torch.randn(N, F, generator=gen, dtype=torch.float64) * 1.5
     rewards_per_func[1, 0] = float("nan")  # one function returned None: still scorable
     rewards_per_func[6, 1] = float("nan")
+    rewards_per_func[list(unscorable)] = float("nan")  # every function returned None: unscorable
     old = -torch.rand(N, T, generator=gen, dtype=torch.float64) * 2.0
     ref = old + torch.randn(N, T, generator=gen, dtype=torch.float64) * 0.2
     # off policy (num_iterations > 1): the policy moved since the completions were sampled
@@ -103,12 +121,24 @@ def make_inputs(seed: int, off_policy: bool) -> dict[str, torch.Tensor]:
     return {"rewards_per_func": rewards_per_func, "old": old, "ref": ref, "logps": logps, "mask": mask}
 
 
+# partly unscorable batches: row 2 of the first group, rows 4 and 5 of the second (two scorable left);
+# then row 7 too, which leaves the second group a single scorable member (no baseline: advantage 0)
+PARTLY_UNSCORABLE = (2, 4, 5)
+SINGLETON = (2, 4, 5, 7)
+CASES = {"scorable": (), "one": (2,), "partly": PARTLY_UNSCORABLE, "singleton": SINGLETON}
+
+
+@pytest.mark.parametrize("unscorable", list(CASES.values()), ids=list(CASES))
 @pytest.mark.parametrize("epsilon_high", [0.2, 0.28])
 @pytest.mark.parametrize("off_policy", [False, True])
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_trl(seed: int, normalize: bool, off_policy: bool, epsilon_high: float) -> None:
-    x = make_inputs(seed, off_policy)
+def test_matches_trl(
+    seed: int, normalize: bool, off_policy: bool, epsilon_high: float, unscorable: tuple[int, ...]
+) -> None:
+    if normalize and unscorable == SINGLETON:
+        pytest.skip("a departure: test_a_singletons_zero_advantage_counts_in_the_normalization")
+    x = make_inputs(seed, off_policy, unscorable)
     results = []
     for fn in (trl_reference, ours):
         logps = x["logps"].clone().requires_grad_(True)
@@ -149,3 +179,23 @@ def test_epsilon_high_matters() -> None:
     assert grads[0] is not None and grads[1] is not None
     assert (grads[0][6] == 0).all() and (grads[1][6] != 0).all()
     torch.testing.assert_close(grads[0][:6], grads[1][:6], atol=0, rtol=0)
+
+
+def test_a_singletons_zero_advantage_counts_in_the_normalization() -> None:
+    """The one departure on partly unscorable batches: a completion whose group has no other scorable
+    member gets advantage 0 in both, and with ``normalize_advantages`` rloo counts that 0 in the batch
+    statistics (it is scorable) where TRL leaves it out (its 0/0 is NaN until after normalizing)."""
+    x = make_inputs(0, off_policy=False, unscorable=SINGLETON)
+    args = (x["rewards_per_func"], x["old"], x["ref"], x["logps"], x["mask"])
+    kwargs = {"normalize": True, "epsilon": 0.2, "epsilon_high": 0.2}
+    adv_trl, _ = trl_reference(*args, **kwargs)
+    adv_ours, _ = ours(*args, **kwargs)
+    raw, _ = ours(*args, normalize=False, epsilon=0.2, epsilon_high=0.2)
+    assert raw[6] == 0.0 and adv_trl[6] == 0.0  # the singleton, before normalizing in both
+    scored, with_singleton = [0, 1, 3], [0, 1, 3, 6]
+    stats = raw[with_singleton]
+    expected_ours = (raw[with_singleton] - stats.mean()) / (stats.std() + 1e-4)
+    expected_trl = (raw[scored] - raw[scored].mean()) / (raw[scored].std() + 1e-4)
+    torch.testing.assert_close(adv_ours[with_singleton], expected_ours, atol=1e-9, rtol=0)
+    torch.testing.assert_close(adv_trl[scored], expected_trl, atol=1e-9, rtol=0)
+    assert (adv_ours[scored] - adv_trl[scored]).abs().max() > 1e-3  # a real difference, not rounding

@@ -58,7 +58,7 @@ def test_a_training_run_logs_trls_metric_names(tmp_path: Path) -> None:
         "clip_ratio/high_max",
     ):
         assert name in logged, name
-    assert logged["step_time"] == logged["timing/train"]
+    assert logged["step_time"] == logged["timing/update"]
     assert "aux_loss" not in logged  # not a mixture-of-experts model
 
 

@@ -8,10 +8,13 @@ carries the id of its prompt's group in ``group_ids: (N,)``; groups are found fr
 ids, never from positions, so a partly unscorable group or a singleton is handled by the
 one rule stated in :func:`compute_advantages`.
 
-Where we depart from TRL: a completion that no reward function applies to ("unscorable")
-is left out of its group's baseline and of the normalization statistics and gets advantage
-0 (TRL counts its nansum, 0.0, as a real reward). With every completion scorable, the
-``rloo`` estimator is exactly TRL's ``r_i - (sum_j r_j - r_i) / (K - 1)``.
+A completion that no reward function applies to ("unscorable") is left out of its group's
+baseline and of the normalization statistics and gets advantage 0, as in TRL since trl#5902
+(checked in the 1.13.0 and 1.16.0 sources; ``tests/test_trl_equivalence.py`` compares partly
+unscorable batches). The one departure: a completion whose group has no other scorable member
+gets advantage 0 in both, and with batch normalization rloo counts that 0 in the statistics
+where TRL leaves it out. With every completion scorable, the ``rloo`` estimator is exactly
+TRL's ``r_i - (sum_j r_j - r_i) / (K - 1)``.
 """
 
 from __future__ import annotations

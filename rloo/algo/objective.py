@@ -38,6 +38,27 @@ class ObjectiveInputs:
     entropy: Tensor | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveSettings:
+    """The objective's scalars that are fixed for a run.
+
+    ``ratio_level`` / ``aggregation`` / ``kl_estimator`` are registry names
+    (:data:`rloo.algo.losses.POLICY_LOSSES`, :data:`rloo.algo.losses.AGGREGATIONS`,
+    :data:`rloo.algo.kl.KL_ESTIMATORS`). ``eps_low = eps_high = inf`` turns clipping off.
+    ``kl_coef`` is beta when the KL is placed in the loss, else 0 (see
+    :class:`rloo.algo.kl.KLPlacement`); ``entropy_coef`` 0 disables the entropy bonus.
+    """
+
+    ratio_level: str
+    eps_low: float
+    eps_high: float
+    aggregation: str
+    max_completion_length: int
+    kl_estimator: str = "k1"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+
+
 @dataclass(frozen=True)
 class ObjectiveOutput:
     """``loss``: the scalar to backpropagate; ``clip``: clip fractions; ``kl``: mean KL in the loss."""
@@ -48,28 +69,15 @@ class ObjectiveOutput:
 
 
 def policy_objective(
-    inputs: ObjectiveInputs,
-    *,
-    ratio_level: str,
-    eps_low: float,
-    eps_high: float,
-    aggregation: str,
-    total_tokens: float,
-    total_sequences: float,
-    max_completion_length: int,
-    kl_estimator: str = "k1",
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
+    inputs: ObjectiveInputs, settings: ObjectiveSettings, *, total_tokens: float, total_sequences: float
 ) -> ObjectiveOutput:
     """Loss of one pass, scaled so the passes of an optimizer step add up to its loss.
 
-    ``ratio_level`` / ``aggregation`` / ``kl_estimator`` are registry names
-    (:data:`rloo.algo.losses.POLICY_LOSSES`, :data:`rloo.algo.losses.AGGREGATIONS`,
-    :data:`rloo.algo.kl.KL_ESTIMATORS`). ``eps_low = eps_high = inf`` turns clipping off.
-    ``kl_coef`` is beta when the KL is placed in the loss, else 0 (see
-    :class:`rloo.algo.kl.KLPlacement`). ``total_tokens`` / ``total_sequences`` count the
-    whole optimizer step (all its passes), see :func:`rloo.algo.losses.aggregate_loss`.
+    ``total_tokens`` / ``total_sequences`` count the whole optimizer step (all its passes), see
+    :func:`rloo.algo.losses.aggregate_loss`.
     """
+    ratio_level, eps_low, eps_high = settings.ratio_level, settings.eps_low, settings.eps_high
+    kl_coef, entropy_coef = settings.kl_coef, settings.entropy_coef
     policy = get_policy_loss(ratio_level)(
         inputs.logprobs, inputs.old_logprobs, inputs.advantages, inputs.loss_mask, eps_low, eps_high
     )
@@ -78,7 +86,7 @@ def policy_objective(
     if kl_coef > 0:
         if inputs.reference_logprobs is None:
             raise ValueError("KL in the loss needs reference log-probs")
-        per_token_kl = get_kl_estimator(kl_estimator)(inputs.logprobs, inputs.reference_logprobs)
+        per_token_kl = get_kl_estimator(settings.kl_estimator)(inputs.logprobs, inputs.reference_logprobs)
         sequence_loss = sequence_loss + kl_coef * masked_row_sum(per_token_kl, inputs.loss_mask)
         kl_value = float(masked_mean(per_token_kl.detach(), inputs.loss_mask))
     if entropy_coef > 0:
@@ -88,10 +96,10 @@ def policy_objective(
     loss = aggregate_loss(
         sequence_loss,
         inputs.loss_mask,
-        aggregation,
+        settings.aggregation,
         total_tokens=total_tokens,
         total_sequences=total_sequences,
-        max_completion_length=max_completion_length,
+        max_completion_length=settings.max_completion_length,
     )
     clip = clip_fractions(policy.ratio.detach(), inputs.advantages, policy.action_mask, eps_low, eps_high)
     return ObjectiveOutput(loss, clip, kl_value)

@@ -12,6 +12,7 @@ from typing import Any
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.kl import KL_ESTIMATORS, get_kl_placement
 from rloo.algo.losses import AGGREGATIONS, POLICY_LOSSES
+from rloo.algo.objective import ObjectiveSettings
 
 # Every knob a preset may set. Each preset sets all of them, so the resolved algorithm
 # never depends on which preset was the default.
@@ -123,6 +124,30 @@ class AlgorithmSpec:
         """``(eps_low, eps_high)``; infinite when clipping is off."""
         return (self.epsilon, self.epsilon_high) if self.clip_ratio else (float("inf"), float("inf"))
 
+    @property
+    def reward_beta(self) -> float:
+        """The KL coefficient applied to the rewards (beta where ``kl_placement`` is ``reward``, else 0)."""
+        return get_kl_placement(self.kl_placement).coefficients(self.beta)[0]
+
+    @property
+    def loss_beta(self) -> float:
+        """The KL coefficient applied in the loss (beta where ``kl_placement`` is ``loss``, else 0)."""
+        return get_kl_placement(self.kl_placement).coefficients(self.beta)[1]
+
+    def objective(self, max_completion_length: int, entropy_coef: float) -> ObjectiveSettings:
+        """The policy objective's settings for this algorithm (:func:`rloo.algo.objective.policy_objective`)."""
+        eps_low, eps_high = self.clip_range
+        return ObjectiveSettings(
+            ratio_level=self.ratio_level,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            aggregation=self.loss_aggregation,
+            max_completion_length=max_completion_length,
+            kl_estimator=self.kl_estimator,
+            kl_coef=self.loss_beta,
+            entropy_coef=entropy_coef,
+        )
+
 
 def resolve_preset(preset: str, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """Fill the knobs the user left None from ``preset``: ``(resolved knobs, overrides)`` where
@@ -144,7 +169,7 @@ def resolve_preset(preset: str, given: dict[str, Any]) -> tuple[dict[str, Any], 
 def describe_algorithm(preset: str, spec: AlgorithmSpec, overrides: dict[str, tuple[Any, Any]]) -> str:
     """Human-readable formula of the resolved algorithm (from the registries' formulas),
     with the explicit overrides."""
-    reward_beta, loss_beta = get_kl_placement(spec.kl_placement).coefficients(spec.beta)
+    reward_beta, loss_beta = spec.reward_beta, spec.loss_beta
     kl = f"beta * sum_t {spec.kl_estimator}_t"
     clip = f"clip(rho, 1-{spec.epsilon}, 1+{spec.epsilon_high})" if spec.clip_ratio else "rho (no clipping)"
     lines = [

@@ -26,7 +26,8 @@ class TrainBatch:
     completions zeroed when ``mask_truncated_completions``). advantages: ``(N,)``.
     old_logprobs / reference_logprobs: ``(N, Tc)`` or None (None old log-probs: the batch
     is used in one optimizer step, so the current log-probs, detached, are the old ones).
-    metrics: generation-side metrics of this batch.
+    metrics: generation-side metrics of this batch. rewards: ``(N,)`` what the baseline saw
+    (clipped, KL-penalized where the KL is a reward penalty).
     """
 
     rollout: Rollout
@@ -35,6 +36,7 @@ class TrainBatch:
     old_logprobs: Tensor | None
     reference_logprobs: Tensor | None
     metrics: dict[str, float]
+    rewards: Tensor | None = None
 
     @property
     def num_rows(self) -> int:

@@ -1,17 +1,17 @@
-"""Phases 3-4 of the loop: a scored rollout -> the batch the optimizer steps on (``TrainBatch``).
+"""Phases 3-4 of the step: a scored rollout -> the batch the optimizer steps on (``TrainBatch``).
 
 3. log-probs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
-               more than one optimizer step (else the sampling ones, detached, are it);
+               more than one optimizer step (else the sampling ones, detached, are it):
+               :meth:`ExperienceMaker.logprobs`;
 4. advantages  rewards clipped, the KL penalty where its placement puts it, the estimator's
                baseline and (``normalize_advantages``) batch normalization, statistics global
-               over processes; then the batch's metrics, warnings and completions log.
+               over processes; then the batch's metrics and warnings: :meth:`ExperienceMaker.train_batch`.
 
 (OpenRLHF calls this step "making experience"; the name is borrowed.)
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +20,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normalize_advantages
-from rloo.algo.kl import get_kl_estimator, get_kl_placement, kl_penalized_rewards
+from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.config import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
 from rloo.training.batches import TrainBatch
 from rloo.training.distributed import Ranks
-from rloo.training.grad_variance import GradVarianceProbe
 from rloo.training.metrics import (
     append_jsonl,
     batch_record,
@@ -41,9 +40,19 @@ from rloo.training.models import reference_mode
 from rloo.training.passes import max_rows_per_pass, no_grad_logprobs
 
 
-@dataclass
+@dataclass(frozen=True)
+class StoredLogprobs:
+    """Phase 3's output, ``(N, Tc)`` each: the reference's log-probs (None without a KL term) and
+    the policy's before the update (None when the batch feeds one optimizer step: the current
+    ones, detached, are then the old ones)."""
+
+    old: Tensor | None
+    reference: Tensor | None
+
+
+@dataclass(kw_only=True)
 class ExperienceMaker:
-    """Turns scored rollouts into train batches for one run.
+    """Phases 3 and 4 for one run: stored log-probs, then the train batch.
 
     ``model``: returns the unwrapped policy (it may be re-wrapped after construction);
     ``reference``: the frozen reference model, or None (no KL, or LoRA: adapters disabled);
@@ -61,39 +70,40 @@ class ExperienceMaker:
 
     def __post_init__(self) -> None:
         self.spec = self.args.algorithm
-        self.reward_beta, self.loss_beta = get_kl_placement(self.spec.kl_placement).coefficients(self.spec.beta)
-        self.grad_variance = GradVarianceProbe.for_run(self.args, self.ranks)  # None: log_grad_variance off
 
-    def make(self, scored: ScoredRollout, state: Any) -> TrainBatch:
-        """Phases 3-4 for this process's share of a generation batch; ``state``: the trainer state
-        (its step decides the completions log; its token count grows by the batch's)."""
+    def logprobs(self, rollout: Rollout) -> StoredLogprobs:
+        """Phase 3: the reference's log-probs when beta > 0, the old ones when the batch feeds more
+        than one optimizer step; each in passes within ``max_logits_memory_mb``."""
+        reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
+        old = None
+        if self.args.optimizer_steps_per_generation > 1:
+            old = no_grad_logprobs(
+                self.model(),
+                rollout,
+                self.args.temperature,
+                self.max_rows(rollout),
+                self.autocast,
+                self.ranks.count_everywhere,
+                self.args.max_logits_memory_mb,
+                share_prompts=not self.ranks.lockstep,
+            )
+        return StoredLogprobs(old, reference)
+
+    def train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
+        """Phase 4 for this process's share of a generation batch: rewards clipped, the KL penalty
+        where its placement puts it, the estimator's baseline and (``normalize_advantages``) batch
+        normalization, statistics global over processes; the batch's metrics and warnings."""
         args, spec, rollout = self.args, self.spec, scored.rollout
         scorable = scored.rewards.scorable
         rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
-        t0 = time.perf_counter()  # 3. log-probs
         loss_mask = rollout.completion_mask
         if spec.mask_truncated_completions:
             loss_mask = mask_truncated(loss_mask, rollout.truncated)
-        reference_logprobs = self.reference_logprobs(rollout) if spec.beta > 0 else None
-        old_logprobs = None
-        if args.optimizer_steps_per_generation > 1:
-            max_rows = self.max_rows(rollout)
-            old_logprobs = no_grad_logprobs(
-                self.model(),
-                rollout,
-                args.temperature,
-                max_rows,
-                self.autocast,
-                self.ranks.count_everywhere,
-                args.max_logits_memory_mb,
-                share_prompts=not self.ranks.lockstep,
-            )
-        t1 = time.perf_counter()  # 4. advantages
         per_token_kl = None
-        if reference_logprobs is not None:
-            sampling_logprobs = old_logprobs if old_logprobs is not None else rollout.sampling_logprobs
-            per_token_kl = get_kl_estimator(spec.kl_estimator)(sampling_logprobs, reference_logprobs)
-            rewards = kl_penalized_rewards(rewards, per_token_kl, loss_mask, self.reward_beta)
+        if logprobs.reference is not None:
+            sampling_logprobs = logprobs.old if logprobs.old is not None else rollout.sampling_logprobs
+            per_token_kl = get_kl_estimator(spec.kl_estimator)(sampling_logprobs, logprobs.reference)
+            rewards = kl_penalized_rewards(rewards, per_token_kl, loss_mask, spec.reward_beta)
         stats = self.ranks.batch_stats  # batch-level statistics span every process's batch
         advantages = get_advantage_estimator(spec.advantage_estimator)(
             rewards, rollout.group_ids, scorable, stats=stats
@@ -101,17 +111,18 @@ class ExperienceMaker:
         if spec.normalize_advantages:
             advantages = normalize_advantages(advantages, scorable, stats=stats)
         metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
-        metrics["timing/reference"] = t1 - t0
+        return TrainBatch(rollout, loss_mask, advantages, logprobs.old, logprobs.reference, metrics, rewards=rewards)
+
+    def tokens_seen(self, rollout: Rollout) -> int:
+        """Prompt and completion tokens of the generation batch, over every process."""
         (seen,) = self.ranks.sum([float(rollout.prompt_mask.sum()) + rollout.num_completion_tokens])
-        state.num_input_tokens_seen += int(seen)
-        if args.log_completions and state.global_step % args.logging_steps == 0:
-            rows = self.ranks.gather_objects(completion_rows(state.global_step, scored, advantages))
-            if self.ranks.is_main:
-                append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
-        batch = TrainBatch(rollout, loss_mask, advantages, old_logprobs, reference_logprobs, metrics)
-        if self.grad_variance is not None and self.grad_variance.due(state.global_step):
-            metrics.update(self.grad_variance.measure(self.model(), batch, rewards, scorable, self.autocast))
-        return batch
+        return int(seen)
+
+    def log_completions(self, step: int, scored: ScoredRollout, advantages: Tensor) -> None:
+        """Append every process's completions of the batch to ``completions.jsonl`` (main process)."""
+        rows = self.ranks.gather_objects(completion_rows(step, scored, advantages))
+        if self.ranks.is_main:
+            append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
 
     def batch_metrics(
         self,
@@ -139,12 +150,10 @@ class ExperienceMaker:
             metrics[name] = sum(values) / len(values)
         return metrics
 
-    def max_rows(self, rollout: Rollout, cap: int | None = None) -> int:
-        """Rows per pass over ``rollout`` within ``max_logits_memory_mb`` (at most ``cap``). ``cap`` given:
-        the training passes', compiled under ``torch_compile`` (sampling and the reference stay eager)."""
-        compiled = cap is not None and self.args.torch_compile
-        cap = cap or rollout.completion_ids.shape[0]
-        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap, compiled)
+    def max_rows(self, rollout: Rollout) -> int:
+        """Rows per no-grad pass over ``rollout`` within ``max_logits_memory_mb`` (eager, never compiled)."""
+        cap = rollout.completion_ids.shape[0]
+        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap)
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:

@@ -38,8 +38,6 @@ class BatchRecord:
     truncated: Tensor  # (N,) bool, cut at max_completion_length
     prompt_max_length: float
     truncated_prompts: float
-    generate_seconds: float
-    score_seconds: float
 
 
 def _cpu(values: Tensor) -> Tensor:
@@ -62,13 +60,11 @@ def batch_record(scored: ScoredRollout, rewards: Tensor, advantages: Tensor) -> 
         truncated=_cpu(rollout.truncated),
         prompt_max_length=float(rollout.prompt_mask.sum(dim=1).max()),
         truncated_prompts=float(scored.num_truncated_prompts),
-        generate_seconds=scored.generate_seconds,
-        score_seconds=scored.score_seconds,
     )
 
 
 def merge_records(records: list[BatchRecord]) -> BatchRecord:
-    """Every process's records as one batch (timings: the slowest process's)."""
+    """Every process's records as one batch."""
     if len(records) == 1:
         return records[0]
 
@@ -88,8 +84,6 @@ def merge_records(records: list[BatchRecord]) -> BatchRecord:
         truncated=cat("truncated"),
         prompt_max_length=max(r.prompt_max_length for r in records),
         truncated_prompts=sum(r.truncated_prompts for r in records),
-        generate_seconds=max(r.generate_seconds for r in records),
-        score_seconds=max(r.score_seconds for r in records),
     )
 
 
@@ -131,7 +125,7 @@ def completion_metrics(lengths: Tensor, truncated: Tensor) -> dict[str, float]:
 def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float]:
     """Every metric of a generation batch: rewards (before clipping and KL), completions,
     advantages, zero-std groups (of the rewards the baseline saw, and of the task rewards),
-    truncated prompts, timings."""
+    truncated prompts (timings: :mod:`rloo.training.timing`)."""
     metrics = reward_metrics(record, names)
     metrics.update(completion_metrics(record.lengths, record.truncated))
     metrics["completions/total_tokens"] = float(record.lengths.sum())  # over every process
@@ -141,7 +135,6 @@ def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float
     metrics["frac_task_reward_zero_std"] = frac_zero_std_groups(record.rewards, record.group_ids, record.scorable)
     metrics["prompts/truncated"] = record.truncated_prompts
     metrics["prompts/max_length"] = record.prompt_max_length
-    metrics["timing/generate"], metrics["timing/score"] = record.generate_seconds, record.score_seconds
     return metrics
 
 
@@ -247,20 +240,6 @@ def headline_eval_reward(logs: dict[str, float]) -> float:
     return next(value for key, value in logs.items() if key.startswith("eval_") and key.endswith("_reward"))
 
 
-def step_timing(metrics: dict[str, float], train_seconds: float, steps_per_generation: int) -> dict[str, float]:
-    """``timing/train`` and ``timing/step`` (the step's share of the generation batch's phases
-    1-4 plus its own update), and ``tokens_per_second`` generated (by every process) per second
-    of step time."""
-    generation_seconds = metrics["timing/generate"] + metrics["timing/score"] + metrics["timing/reference"]
-    seconds = generation_seconds + train_seconds * steps_per_generation
-    return {
-        "timing/train": train_seconds,
-        "step_time": train_seconds,  # TRL's name: the optimizer step's forward and backward passes
-        "timing/step": train_seconds + generation_seconds / steps_per_generation,
-        "tokens_per_second": metrics["completions/total_tokens"] / max(seconds, 1e-9),
-    }
-
-
 def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> list[dict[str, Any]]:
     """One JSON-ready row per completion: step, prompt, completion, reward (None when
     unscorable), advantage."""
@@ -279,6 +258,7 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
             "completion": text,
             "reward": float(rewards[i]) if bool(scorable[i]) else None,
             "advantage": float(advantages[i]),
+            "policy_version": scored.policy_version,  # the optimizer steps of the policy that sampled it
             **{column: values[i] for column, values in extra.items()},
         }
         for i, text in enumerate(scored.completion_texts)

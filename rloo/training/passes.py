@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rloo.algo.objective import ObjectiveInputs, policy_objective
+from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
 from rloo.algo.stats import masked_mean
-from rloo.config.presets import AlgorithmSpec
 from rloo.generation.lm_head import head_is_exact
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout
@@ -82,37 +81,22 @@ def no_grad_logprobs(
     return out * rollout.completion_mask
 
 
-def objective_settings(spec: AlgorithmSpec, kl_coef: float, max_completion_length: int) -> dict[str, Any]:
-    """The scalars of :func:`rloo.algo.objective.policy_objective` that are fixed for a run
-    (``kl_coef``: beta when the KL is placed in the loss, else 0)."""
-    eps_low, eps_high = spec.clip_range
-    return {
-        "ratio_level": spec.ratio_level,
-        "eps_low": eps_low,
-        "eps_high": eps_high,
-        "aggregation": spec.loss_aggregation,
-        "max_completion_length": max_completion_length,
-        "kl_estimator": spec.kl_estimator,
-        "kl_coef": kl_coef,
-    }
-
-
 def pass_loss(
     model: nn.Module,
     rows: Pass,
+    objective: ObjectiveSettings,
     *,
     temperature: float,
-    entropy_coef: float,
+    total_tokens: float,
+    total_sequences: float,
     aux_loss_coef: float = 0.0,
     max_logits_mib: float | None = None,
     share_prompts: bool = True,
-    **objective: Any,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
 
-    ``objective`` holds the objective's scalars (ratio level, clip range, aggregation,
-    whole-step totals, KL estimator and coefficient). Without stored old log-probs (the batch
-    feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
+    ``total_tokens`` / ``total_sequences``: the whole optimizer step's. Without stored old
+    log-probs (the batch feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
     ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
     load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
     adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
@@ -126,7 +110,7 @@ def pass_loss(
         rows.completion_mask,
         temperature,
         with_entropy=True,
-        entropy_requires_grad=entropy_coef > 0,
+        entropy_requires_grad=objective.entropy_coef > 0,
         with_aux_loss=aux_loss_coef > 0,
         vision=rows.vision,
         share_prompts=share_prompts,
@@ -142,11 +126,11 @@ def pass_loss(
         loss_mask=rows.loss_mask,
         entropy=current.entropy.float(),
     )
-    out = policy_objective(inputs, entropy_coef=entropy_coef, **objective)
+    out = policy_objective(inputs, objective, total_tokens=total_tokens, total_sequences=total_sequences)
     entropy_mask = rows.loss_mask if rows.loss_mask.sum() > 0 else rows.completion_mask
     entropy = float(masked_mean(current.entropy.detach().float(), entropy_mask))
     loss, aux = out.loss, None
     if current.aux_loss is not None:
         aux = float(current.aux_loss.detach())
-        loss = loss + aux_loss_coef * current.aux_loss.float() * rows.advantages.shape[0] / objective["total_sequences"]
+        loss = loss + aux_loss_coef * current.aux_loss.float() * rows.advantages.shape[0] / total_sequences
     return PassResult(loss, float(loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()), aux)

@@ -1,16 +1,19 @@
 """``RLOOTrainer``: the training loop, top to bottom.
 
-One *generation batch* is P prompts x K completions. Each goes through numbered phases:
+One *generation batch* is P prompts x K completions. ``_train_on_next_batch`` runs its phases,
+each one call in a named timer (``timing/<phase>``, :mod:`rloo.training.timing`):
 
-1. generate   K completions per prompt with the policy (KV cache, eval mode);
-2. score      reward functions -> combined, clipped rewards; unscorable rows flagged
-              (phases 1-2 are :func:`rloo.pipeline.generate_and_score`);
-3. log-probs  reference log-probs when beta > 0; "old" log-probs only when the batch
-              feeds more than one optimizer step (else the current ones, detached, are it);
-4. advantages KL penalty (where its placement puts it) and the baseline of the estimator
-              (phases 3-4 are :class:`rloo.training.experience.ExperienceMaker`);
-5. update     ``num_iterations`` passes of micro-batches with gradient accumulation,
-              clipping, AdamW and the LR schedule; then logging and checkpoints.
+1-2. rollout    K completions per prompt, sampled and scored, from the rollout source
+                (:mod:`rloo.training.rollout_source`; today the KV-cached sampler and the
+                reward functions, :func:`rloo.pipeline.generate_and_score`), stamped with the
+                policy version that sampled them;
+3.   logprobs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
+                more than one optimizer step (else the current ones, detached, are it);
+4.   advantages KL penalty (where its placement puts it) and the baseline of the estimator
+                (phases 3-4: :class:`rloo.training.experience.ExperienceMaker`);
+5.   update     per optimizer step (``num_iterations`` passes of micro-batches with gradient
+                accumulation): clipping, the optimizer and the LR schedule (:mod:`rloo.training.update`);
+6.   log        per optimizer step: logs, evaluation, checkpoints.
 
 Departures from TRL are listed in :mod:`rloo.config.rloo_config` and :mod:`rloo.algo.advantages`.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +49,21 @@ from rloo.training.best_model import BestModel
 from rloo.training.callbacks import Callbacks
 from rloo.training.checkpoints import rng_state
 from rloo.training.distributed import Ranks, check_engine, eval_seed
-from rloo.training.experience import ExperienceMaker
+from rloo.training.experience import ExperienceMaker, StoredLogprobs
+from rloo.training.grad_variance import GradVarianceProbe
 from rloo.training.guards import SKIPPED_STEP
 from rloo.training.health import Alert, HealthMonitor
 from rloo.training.hub import push_run
-from rloo.training.metrics import eval_metrics, headline_eval_reward, step_timing
+from rloo.training.metrics import eval_metrics, headline_eval_reward
 from rloo.training.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.optimization import total_steps
-from rloo.training.passes import objective_settings
 from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
 from rloo.training.reference_sync import ReferenceSync
+from rloo.training.rollout_source import RolloutSource, SynchronousRollouts, check_policy_version
 from rloo.training.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.schedule import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.sharding import prepare_training
+from rloo.training.timing import PhaseTimer
 from rloo.training.trackers import accelerator_with_trackers
 from rloo.training.tracking import (
     MetricsSink,
@@ -126,25 +132,37 @@ class RLOOTrainer:
         self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
         self.rollout_settings = RolloutSettings.from_config(args)
+        self.rollouts: RolloutSource = SynchronousRollouts(
+            prompts=self.sampler,
+            generate=lambda rows, groups: self._scored_rollout(rows, groups, sampling_seed=args.seed),
+            ranks=self.ranks,
+            prompts_per_batch=args.prompts_per_generation,
+        )
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
         self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
         self._stop = StopRequest()
         self.experience = ExperienceMaker(
-            args,
-            self.ranks,
-            lambda: self.unwrapped_model,
-            self.ref_model,
-            self.rewards.names,
-            self.accelerator.autocast,
-            self.warn,
-            self.output_dir,
+            args=args,
+            ranks=self.ranks,
+            model=lambda: self.unwrapped_model,
+            reference=self.ref_model,
+            reward_names=self.rewards.names,
+            autocast=self.accelerator.autocast,
+            warn=self.warn,
+            output_dir=self.output_dir,
         )
-        objective = objective_settings(self.spec, self.experience.loss_beta, args.max_completion_length)
+        self.grad_variance = GradVarianceProbe.for_run(args, self.ranks)  # None: log_grad_variance off
         self.updater = Updater(
-            self.unwrapped_model, self.optimizer, self.scheduler, self.accelerator, self.ranks, args, objective
+            model=self.unwrapped_model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            accelerator=self.accelerator,
+            ranks=self.ranks,
+            args=args,
         )
+        self.timer = PhaseTimer()
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
         self.best = BestModel(args, self.output_dir)
@@ -177,6 +195,8 @@ class RLOOTrainer:
         self.sink = MetricsSink(self.output_dir, enabled=ranks.is_main)
         if resume_path is not None:
             self._load_checkpoint(resume_path)
+        self.rollouts.groups_drawn = self.state.num_groups_seen
+        self.rollouts.policy_updated(self.state.global_step)
         config_text = config_yaml(args.to_dict(), self.run_config)
         ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
         self.trackers.start({**(self.run_config or {}), **args.to_dict()}, args.run_name or self.output_dir.name)
@@ -187,10 +207,7 @@ class RLOOTrainer:
         try:
             with self._stop, self.progress:
                 while self.state.global_step < self.state.max_steps and not self._stopping(self._stop.requested):
-                    batch = self._generate_and_score()  # phases 1-4
-                    self._update(batch)  # phase 5
-                    if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
-                        self._save_checkpoint()
+                    self._train_on_next_batch()
             signum = next((s for s in ranks.gather_objects(self._stop.signum) if s is not None), None)
             if signum is None:
                 steps = self.state.global_step - first_step
@@ -225,19 +242,53 @@ class RLOOTrainer:
         parameters = count_parameters(self.model)
         self.console.print(run_summary(self.args, parameters, where, self.state.max_steps, self.ranks.world_size))
 
-    # ------------------------------------------------------------------ phases 1-4
-    def _generate_and_score(self) -> TrainBatch:
-        args, state = self.args, self.state
-        # every process draws the same global batch and keeps its share: whole groups (all K) each
-        world = self.sampler.next_rows(args.prompts_per_generation * self.ranks.world_size)
-        rows, first = self.ranks.shard(world), state.num_groups_seen + self.ranks.rank * args.prompts_per_generation
-        group_ids = range(first, first + len(rows))
-        state.num_groups_seen += len(world)
-        scored = self._scored_rollout(rows, group_ids, sampling_seed=args.seed)  # 1-2
-        return self.experience.make(scored, state)  # 3-4
+    # ------------------------------------------------------------------ the step
+    def _train_on_next_batch(self) -> None:
+        """One generation batch: each phase is one call in a named timer (:mod:`rloo.training.timing`)."""
+        timer = self.timer
+        with timer("rollout"):  # 1-2. generate and score: the rollout source's next batch
+            scored = self._next_rollouts()
+        with timer("logprobs"):  # 3. reference and old log-probs
+            logprobs = self.experience.logprobs(scored.rollout)
+        with timer("advantages"):  # 4. KL penalty, baseline, the batch's metrics
+            batch = self._train_batch(scored, logprobs)
+        for step_rows in self._optimizer_steps(batch):
+            with timer("update"):  # 5. forward/backward passes and the optimizer step
+                metrics = self._optimizer_step(batch, step_rows)
+            with timer("log"):  # 6. log, evaluate, save
+                self._finish_step({**batch.metrics, **metrics})
+        if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
+            with timer("log"):
+                self._save_checkpoint()
+
+    def _next_rollouts(self) -> ScoredRollout:
+        scored = self.rollouts.next_batch()
+        self.state.num_groups_seen = self.rollouts.groups_drawn
+        check_policy_version(scored, self.state.global_step)
+        self.timer.record("generate", scored.generate_seconds)
+        self.timer.record("score", scored.score_seconds)
+        return scored
+
+    def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
+        args, step = self.args, self.state.global_step
+        batch = self.experience.train_batch(scored, logprobs)
+        batch.metrics["policy_version"] = float(step)
+        self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
+        if args.log_completions and step % args.logging_steps == 0:
+            self.experience.log_completions(step, scored, batch.advantages)
+        if self.grad_variance is not None and self.grad_variance.due(step):
+            rewards, scorable = batch.rewards, scored.rewards.scorable
+            assert rewards is not None  # every batch of ExperienceMaker.train_batch has them
+            model, autocast = self.unwrapped_model, self.accelerator.autocast
+            batch.metrics.update(self.grad_variance.measure(model, batch, rewards, scorable, autocast))
+        return batch
 
     def _scored_rollout(
-        self, rows: list[dict[str, Any]], group_ids: range, sampling_seed: int, settings: RolloutSettings | None = None
+        self,
+        rows: list[dict[str, Any]],
+        group_ids: Sequence[int],
+        sampling_seed: int,
+        settings: RolloutSettings | None = None,
     ) -> ScoredRollout:
         """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default)."""
         return generate_and_score(
@@ -254,38 +305,38 @@ class RLOOTrainer:
             all_done=self.ranks.all_done,
         )
 
-    # ------------------------------------------------------------------ phase 5
-    def _update(self, batch: TrainBatch) -> None:
+    def _optimizer_steps(self, batch: TrainBatch) -> Iterator[list[Tensor]]:
+        """This process's micro-batches of each optimizer step ``batch`` feeds (``num_iterations``
+        passes over it), until ``max_steps`` or a stop request (honoured between generation batches,
+        in ``train()``, so the checkpoint it writes resumes exactly)."""
         args = self.args
         rows = micro_batch_rows(batch.num_rows, args.per_device_train_batch_size, batch.advantages.device)
         accumulation = args.gradient_accumulation_steps
         for _ in range(args.num_iterations):
             for start in range(0, len(rows), accumulation):
-                # a stop request is honoured between generation batches (the loop in train()), so
-                # the checkpoint it writes resumes exactly
                 if self.state.global_step >= self.state.max_steps or self._stopping():
                     return
                 self.callback_handler.fire("on_step_begin")
-                step_start = time.perf_counter()
-                step_metrics = self._optimizer_step(batch, rows[start : start + accumulation])
-                self._finish_step({**batch.metrics, **step_metrics}, step_start)
+                yield rows[start : start + accumulation]
 
     def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor]) -> dict[str, float]:
-        max_rows = self.experience.max_rows(batch.rollout, cap=self.args.per_device_train_batch_size)
-        outcome = self.updater.step(batch, step_rows, max_rows, self.state.global_step)
+        outcome = self.updater.step(batch, step_rows, self.state.global_step)
         if outcome.skipped:
             self.warn(SKIPPED_STEP)
         return outcome.metrics
 
     # ------------------------------------------------------------------ logging and checkpoints
-    def _finish_step(self, metrics: dict[str, float], step_start: float) -> None:
+    def _finish_step(self, metrics: dict[str, float]) -> None:
         args, state = self.args, self.state
         state.global_step += 1
+        self.rollouts.policy_updated(state.global_step)
         state.total_loss += metrics["loss"]
         self.reference_sync.after_step(state.global_step)
         epoch_ended = int(self.sampler.epochs_completed_float) > int(state.epoch)
         state.epoch = self.sampler.epochs_completed_float
-        metrics.update(step_timing(metrics, time.perf_counter() - step_start, args.optimizer_steps_per_generation))
+        metrics.update(
+            self.timer.step_metrics(args.optimizer_steps_per_generation, metrics["completions/total_tokens"])
+        )
         metrics["num_tokens"] = float(state.num_input_tokens_seen)
         self._raise_alerts(self.health.observe_step(state.health, state.global_step, metrics), metrics)
         self._window.append(metrics)

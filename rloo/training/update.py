@@ -16,13 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
 from rloo.training.batches import TrainBatch, plan_passes, take_rows, trainable_rows
 from rloo.training.distributed import Ranks, reduce_step_metrics
 from rloo.training.guards import NonFiniteGuard
 from rloo.training.metrics import update_metrics
 from rloo.training.optimization import zero_grads_if_none
-from rloo.training.passes import pass_loss
+from rloo.training.passes import max_rows_per_pass, pass_loss
 from rloo.training.sharding import clip_grad_norm, is_sharded
 
 
@@ -67,30 +68,34 @@ class Updater:
 
     def __init__(
         self,
+        *,
         model: Any,
         optimizer: Any,
         scheduler: Any,
         accelerator: Any,
         ranks: Ranks,
         args: RLOOConfig,
-        objective: dict[str, Any],
     ) -> None:
-        """``objective``: :func:`rloo.training.passes.objective_settings` (its ``kl_coef`` is beta when
-        the KL is in the loss, else 0)."""
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.accelerator, self.ranks, self.args = accelerator, ranks, args
-        self.objective = objective
+        self.objective: ObjectiveSettings = args.algorithm.objective(args.max_completion_length, args.entropy_coef)
         self.forward_model = compile_for_training(model, args)
         self.aux_loss_coef = args.router_aux_loss_coef if is_mixture_of_experts(model) else 0.0
         self.exact_skip = (
-            args.skip_zero_advantage and args.entropy_coef == 0 and objective["kl_coef"] == 0 and not self.aux_loss_coef
+            args.skip_zero_advantage
+            and args.entropy_coef == 0
+            and self.objective.kl_coef == 0
+            and not self.aux_loss_coef
         )
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
         self.sharded = is_sharded(model)
 
-    def step(self, batch: TrainBatch, step_rows: list[Tensor], max_rows: int, global_step: int) -> StepOutcome:
+    def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int) -> StepOutcome:
         """One optimizer step over ``step_rows`` (this process's micro-batches of the step)."""
         args = self.args
+        # rows per pass within max_logits_memory_mb; compiled passes take the plain head
+        cap = args.per_device_train_batch_size
+        max_rows = max_rows_per_pass(self.model, batch.rollout, args.max_logits_memory_mb, cap, args.torch_compile)
         all_rows = torch.cat(step_rows)
         tokens, sequences = self.ranks.sum([float(batch.loss_mask[all_rows].sum()), float(all_rows.numel())])
         active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
@@ -103,14 +108,13 @@ class Updater:
                 result = pass_loss(
                     self.forward_model,
                     take_rows(batch, all_rows[:1] if filler else passes[i]),
+                    self.objective,
                     temperature=args.temperature,
-                    entropy_coef=args.entropy_coef,
+                    total_tokens=tokens,
+                    total_sequences=sequences,
                     aux_loss_coef=self.aux_loss_coef,
                     max_logits_mib=args.max_logits_memory_mb,
                     share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
-                    total_tokens=tokens,
-                    total_sequences=sequences,
-                    **self.objective,
                 )
             self.accelerator.backward(result.loss * 0.0 if filler else result.loss)
             if not filler:

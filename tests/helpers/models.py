@@ -155,3 +155,9 @@ def frac7_stopping(completion_ids: list[list[int]], **kwargs: Any) -> list[float
 def last_train_log(trainer: RLOOTrainer) -> dict[str, float]:
     """The last logged training metrics (``log_history[-1]`` is the end-of-training summary)."""
     return [row for row in trainer.state.log_history if "reward" in row][-1]
+
+
+def next_train_batch(trainer: RLOOTrainer) -> Any:
+    """Phases 1-4 of the trainer's step, outside ``train()``: its next generation batch, ready for the update."""
+    scored = trainer._next_rollouts()
+    return trainer._train_batch(scored, trainer.experience.logprobs(scored.rollout))
