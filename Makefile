@@ -50,12 +50,12 @@ define apt-install
 endef
 
 # Debian's chromium for the headless-browser check of the HTML run report
-# (tests/test_report_browser.py, skipped without it).
+# (tests/cli/test_report_browser.py, skipped without it).
 .PHONY: browser
 browser:
 	$(call apt-install,chromium,chromium,the browser test is)
 
-# Debian's bubblewrap, the sandbox of the code_execution reward (tests/test_sandbox.py skips its
+# Debian's bubblewrap, the sandbox of the code_execution reward (tests/rewards/test_sandbox.py skips its
 # isolation tests without it, and the reward falls back to rlimits alone, with a warning).
 .PHONY: sandbox
 sandbox:

@@ -65,3 +65,21 @@ def test_import_rloo_stays_light() -> None:
     code = "import sys, rloo, rloo.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_training_folder_shows_the_step_and_keeps_the_rest_in_subfolders() -> None:
+    entries = [p for p in (PACKAGE / "training").iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 18, f"rloo/training/ has {len(entries)} entries: move what is kept around the step down"
+    for folder in ("checkpointing", "monitoring", "parallel", "setup"):
+        assert (PACKAGE / "training" / folder / "__init__.py").is_file()
+
+
+def test_tests_mirror_the_package() -> None:
+    tests = PACKAGE.parent / "tests"
+    for folder in tests.rglob("*"):
+        if not folder.is_dir() or folder.name in ("__pycache__", "helpers") or "helpers" in folder.parts:
+            continue
+        mirrored = PACKAGE / folder.relative_to(tests)
+        assert mirrored.is_dir(), f"tests/{folder.relative_to(tests)}/ mirrors no folder of rloo/: name it after one"
+    for stage in STAGES:
+        assert (tests / stage).is_dir(), f"tests/{stage}/ is missing: rloo/{stage}'s tests live there"

@@ -5,7 +5,7 @@
 
 Each installs into a venv of its own (``.venv-deps-<which>``, reused and brought up to date on the
 next run), prints the versions it got next to the tested ones (``requirements/tested.txt``), runs
-``tests/test_model_families.py`` and ``tests/test_trainer.py`` there, and exits with pytest's code.
+``tests/generation/test_model_families.py`` and ``tests/training/test_trainer.py`` there, and exits with pytest's code.
 A new release that breaks rloo is found here, by us, before a user installs it
 (``make test-newest``); ``make test-oldest`` keeps the lower bounds honest. Both need the package
 index; neither runs in ``make test``.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ("transformers", "accelerate", "peft", "datasets", "tokenizers", "safetensors", "huggingface-hub")
-TESTS = ("tests/test_model_families.py", "tests/test_trainer.py")
+TESTS = ("tests/generation/test_model_families.py", "tests/training/test_trainer.py")
 
 
 def read_pins(path: Path) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Rewrite the generated parts of README.md: the config field table and the health thresholds.
 
 Run after adding or changing a config field: ``.venv/bin/python tools/regen_readme.py``
-(tests/test_config_docs.py and tests/test_health.py fail until the README matches).
+(tests/config/test_docs.py and tests/training/monitoring/test_health.py fail until the README matches).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ one rule stated in :func:`compute_advantages`.
 
 A completion that no reward function applies to ("unscorable") is left out of its group's
 baseline and of the normalization statistics and gets advantage 0, as in TRL since trl#5902
-(checked in the 1.13.0 and 1.16.0 sources; ``tests/test_trl_equivalence.py`` compares partly
+(checked in the 1.13.0 and 1.16.0 sources; ``tests/algo/test_trl_equivalence.py`` compares partly
 unscorable batches). The one departure: a completion whose group has no other scorable member
 gets advantage 0 in both, and with batch normalization rloo counts that 0 in the statistics
 where TRL leaves it out. With every completion scorable, the ``rloo`` estimator is exactly
@@ -96,7 +96,7 @@ def batch_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
     The batch-level statistics of one process; data-parallel training passes a function with
     the same signature that reduces over every process's batch (see
-    :class:`rloo.training.distributed.Ranks`)."""
+    :class:`rloo.training.parallel.distributed.Ranks`)."""
     return values[mask].sum(), mask.sum().to(values.dtype), _masked_std(values, mask)
 
 

@@ -121,15 +121,15 @@ def train(
         print(yaml.safe_dump(run_file.to_dict(), sort_keys=False), end="")  # plain: pipe it to a file
         return
     from rloo.cli.run_file import train_from_run_file
-    from rloo.training.checkpoints import latest_checkpoint
-    from rloo.training.progress import TrainingInterrupted
+    from rloo.training.checkpointing.checkpoints import latest_checkpoint
+    from rloo.training.monitoring.signals import TrainingInterrupted
 
     try:
         with _one_line_errors():
             checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
             trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
         if trainer.ranks.distributed:  # every file is written: skip gloo's teardown at finalization
-            from rloo.training.distributed import exit_process
+            from rloo.training.parallel.distributed import exit_process
 
             exit_process(0)
     except KeyboardInterrupt as stop:

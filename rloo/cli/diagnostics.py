@@ -5,7 +5,7 @@ logged values (at least one), so a bad start that recovers raises nothing. Evalu
 (rows with ``eval_*`` keys) are left out of the training checks.
 
 The trainer averages each metric over a logging window ignoring NaN (see
-:func:`rloo.training.tracking.mean_metrics`), so a window whose losses were all NaN shows up as a
+:func:`rloo.training.monitoring.logs.mean_metrics`), so a window whose losses were all NaN shows up as a
 training row *without* ``loss``; the NaN check counts those rows as well.
 """
 

@@ -57,7 +57,7 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     completion among ``num_generations``.
     """
     from rloo.data.prompts import gather_columns
-    from rloo.training.models import load_policy, load_processing_class
+    from rloo.training.setup.models import load_policy, load_processing_class
 
     policy: Any = load_policy(model, None)
     policy.to("cuda" if torch.cuda.is_available() else "cpu")

@@ -260,7 +260,7 @@ def build_trainer(run_file: RunFile) -> Any:
 def train_from_run_file(run_file: RunFile, resume: bool | str, console: Any) -> Any:
     """Train; afterwards (re)build the run report."""
     from rloo.cli.report import build_report
-    from rloo.training.run_folder import check_fresh_run
+    from rloo.training.checkpointing.run_folder import check_fresh_run
 
     # under torchrun / accelerate launch every process runs this; only the first touches files
     main = os.environ.get("RANK", "0") == "0"

@@ -1,5 +1,5 @@
 """The README's table of ``RLOOConfig`` fields, rendered from the documentation declared with
-each field (``python -m rloo.config`` prints it; ``tests/test_config_docs.py`` checks the README)."""
+each field (``python -m rloo.config`` prints it; ``tests/config/test_docs.py`` checks the README)."""
 
 from __future__ import annotations
 

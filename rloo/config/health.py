@@ -1,4 +1,4 @@
-"""The thresholds of the live health monitors (:mod:`rloo.training.health`), one mapping.
+"""The thresholds of the live health monitors (:mod:`rloo.training.monitoring.health`), one mapping.
 
 ``RLOOConfig.health_thresholds`` takes any subset of :data:`HEALTH_THRESHOLDS`' keys; the
 rest keep their defaults, and the resolved mapping (all keys) is what ``config.yaml`` records.

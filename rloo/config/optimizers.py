@@ -1,11 +1,11 @@
 """The optimizers ``RLOOConfig.optim`` names and the ``optim_args`` each takes, as transformers'
-optimizer factory reads them (:mod:`rloo.training.optimization` builds them)."""
+optimizer factory reads them (:mod:`rloo.training.setup.optimization` builds them)."""
 
 from __future__ import annotations
 
 from rloo.suggest import did_you_mean
 
-# transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.optimization builds them)
+# transformers' OptimizerNames that rloo's optimizer step supports (rloo.training.setup.optimization builds them)
 OPTIMIZERS: tuple[str, ...] = (
     "adamw_torch",
     "adamw_torch_fused",

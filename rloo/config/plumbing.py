@@ -50,7 +50,7 @@ class PlumbingFields:
         trl="torch_compile_mode",
     )
     sampler_compaction: float | None = option(
-        0.25,  # rloo.generation.decoding.COMPACT_AT (tests/test_compaction.py checks they agree)
+        0.25,  # rloo.generation.decoding.COMPACT_AT (tests/generation/test_decoding.py checks they agree)
         "On by default: finished rows leave the sampler's decode batch once they are this fraction of it, so "
         "they stop paying for decoding steps (attention over their cache, the MLPs, the LM head) while the "
         "longest completions finish: less sampling work when completion lengths vary (1.80x faster sampling in "

@@ -1,7 +1,7 @@
 """The checks ``RLOOConfig`` runs once, when constructed.
 
 Every bad value raises ``ValueError("RLOOConfig.<field>=<value> is invalid: <fix>")``: the
-field, the value, and what to set instead (``tests/test_config.py`` has a case per check).
+field, the value, and what to set instead (``tests/config/test_rloo_config.py`` has a case per check).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = ("steps", "epoch", "no")  # transformers' IntervalStrategy values
 LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
-# report_to: accelerate's trackers (rloo.training.trackers), "all" installed ones, or "none"
+# report_to: accelerate's trackers (rloo.training.monitoring.trackers), "all" installed ones, or "none"
 REPORT_SINKS: tuple[str, ...] = (
     "none",
     "all",

@@ -119,7 +119,7 @@ def load_dataset(data: Any, split: str = "train", name: str | None = None) -> da
 
     A string or path that exists is read locally; one that does not and looks like a hub id
     (no suffix, not absolute) is loaded from the hub. A streaming ``IterableDataset`` is
-    returned as is (its rows are checked as they are drawn: :class:`rloo.data.sampler.StreamedRows`).
+    returned as is (its rows are checked as they are drawn: :class:`rloo.data.prompt_order.StreamedRows`).
     """
     if isinstance(data, datasets.Dataset | datasets.IterableDataset):
         return data

@@ -25,8 +25,6 @@ from rloo.algo.masks import mask_truncated
 from rloo.config import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
-from rloo.training.batches import TrainBatch
-from rloo.training.distributed import Ranks
 from rloo.training.metrics import (
     append_jsonl,
     batch_record,
@@ -36,8 +34,9 @@ from rloo.training.metrics import (
     merge_records,
     nonzero_advantage_tokens,
 )
-from rloo.training.models import reference_mode
-from rloo.training.passes import max_rows_per_pass, no_grad_logprobs
+from rloo.training.parallel.distributed import Ranks
+from rloo.training.passes import TrainBatch, max_rows_per_pass, no_grad_logprobs
+from rloo.training.setup.models import reference_mode
 
 
 @dataclass(frozen=True)

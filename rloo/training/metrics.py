@@ -13,7 +13,7 @@ from torch import Tensor
 
 from rloo.algo.advantages import frac_zero_std_groups
 from rloo.pipeline import ScoredRollout
-from rloo.training.batches import PassResult
+from rloo.training.passes import PassResult
 
 
 def _std(values: Tensor) -> float:
@@ -184,7 +184,7 @@ def nonzero_advantage_tokens(advantages: Tensor, loss_mask: Tensor, completion_m
 def update_metrics(results: list[PassResult]) -> dict[str, float]:
     """Loss (summed over passes: they are pre-scaled); entropy, clip fractions and KL as means
     over the step's tokens (each pass weighted by its tokens, reported as ``_tokens`` for the
-    reduction over processes, :func:`rloo.training.distributed.reduce_step_metrics`)."""
+    reduction over processes, :func:`rloo.training.parallel.distributed.reduce_step_metrics`)."""
     if not results:
         return {"loss": 0.0}
     weights = [r.tokens for r in results]

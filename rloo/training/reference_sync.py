@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rloo.training.checkpoints import load_checkpoint_states
-from rloo.training.models import is_peft_model
+from rloo.training.checkpointing.checkpoints import load_checkpoint_states
+from rloo.training.setup.models import is_peft_model
 
 
 class ReferenceSync:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rloo.pipeline import ScoredRollout
-from rloo.training.distributed import Ranks
+from rloo.training.parallel.distributed import Ranks
 
 
 class RolloutSource(Protocol):

@@ -38,42 +38,35 @@ from transformers.trainer_utils import TrainOutput
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import reward_funcs_or_reward_model
 from rloo.data.loading import column_names, load_eval_sets, load_train_and_eval
+from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
-from rloo.data.sampler import row_source
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
-from rloo.training import checkpoints
-from rloo.training.batches import TrainBatch, micro_batch_rows
-from rloo.training.best_model import BestModel
+from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.callbacks import Callbacks
-from rloo.training.checkpoints import rng_state
-from rloo.training.distributed import Ranks, check_engine, eval_seed
+from rloo.training.checkpointing import checkpoints
+from rloo.training.checkpointing.best_model import BestModel
+from rloo.training.checkpointing.checkpoints import rng_state
+from rloo.training.checkpointing.hub import push_run
+from rloo.training.checkpointing.run_folder import config_yaml, open_run, write_run_files
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
-from rloo.training.grad_variance import GradVarianceProbe
-from rloo.training.guards import SKIPPED_STEP
-from rloo.training.health import Alert, HealthMonitor
-from rloo.training.hub import push_run
 from rloo.training.metrics import eval_metrics, headline_eval_reward
-from rloo.training.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
-from rloo.training.optimization import total_steps
-from rloo.training.progress import StopRequest, TrainingInterrupted, TrainingProgress
+from rloo.training.monitoring.grad_variance import GradVarianceProbe
+from rloo.training.monitoring.health import Alert, HealthMonitor
+from rloo.training.monitoring.logs import MetricsSink, RunWarnings, log_line, mean_metrics, run_summary, train_summary
+from rloo.training.monitoring.nonfinite import SKIPPED_STEP
+from rloo.training.monitoring.progress import TrainingProgress
+from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted
+from rloo.training.monitoring.trackers import accelerator_with_trackers
+from rloo.training.parallel.distributed import Ranks, check_engine, eval_seed
+from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.rollout_source import RolloutSource, SynchronousRollouts, check_policy_version
-from rloo.training.run_folder import config_yaml, open_run, write_run_files
-from rloo.training.schedule import checkpoint_due, evaluation_due, evaluation_setting
-from rloo.training.sharding import prepare_training
+from rloo.training.setup.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
+from rloo.training.setup.optimization import prepare_training, total_steps
+from rloo.training.state import TrainerState
 from rloo.training.timing import PhaseTimer
-from rloo.training.trackers import accelerator_with_trackers
-from rloo.training.tracking import (
-    MetricsSink,
-    RunWarnings,
-    TrainerState,
-    log_line,
-    mean_metrics,
-    run_summary,
-    train_summary,
-)
 from rloo.training.update import Updater
 
 

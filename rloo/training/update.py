@@ -1,11 +1,11 @@
 """Phase 5 of the loop: one optimizer step over a set of micro-batches.
 
 The loss of every pass is normalized by the totals of the whole step, summed over processes
-(:mod:`rloo.training.distributed`); rows with zero advantage skip their backward when that is
+(:mod:`rloo.training.parallel.distributed`); rows with zero advantage skip their backward when that is
 exact (no KL or entropy term in the loss); the rest is cut into passes that keep the logits
 within ``max_logits_memory_mb``. Gradients are summed over processes once, after the last pass,
 then clipped; a step whose loss or gradient is not finite makes no update
-(:class:`rloo.training.guards.NonFiniteGuard`), on every process alike.
+(:class:`rloo.training.monitoring.nonfinite.NonFiniteGuard`), on every process alike.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from torch import Tensor
 
 from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
-from rloo.training.batches import TrainBatch, plan_passes, take_rows, trainable_rows
-from rloo.training.distributed import Ranks, reduce_step_metrics
-from rloo.training.guards import NonFiniteGuard
 from rloo.training.metrics import update_metrics
-from rloo.training.optimization import zero_grads_if_none
-from rloo.training.passes import max_rows_per_pass, pass_loss
-from rloo.training.sharding import clip_grad_norm, is_sharded
+from rloo.training.monitoring.nonfinite import NonFiniteGuard
+from rloo.training.parallel.distributed import Ranks, reduce_step_metrics
+from rloo.training.parallel.fsdp import clip_grad_norm, is_sharded
+from rloo.training.passes import TrainBatch, max_rows_per_pass, pass_loss, plan_passes, take_rows, trainable_rows
+from rloo.training.setup.optimization import zero_grads_if_none
 
 
 def is_mixture_of_experts(model: Any) -> bool:

@@ -1,4 +1,4 @@
-"""Training runs through the Python API, launched by ``tests/test_distributed.py`` under
+"""Training runs through the Python API, launched by ``tests/training/parallel/test_distributed.py`` under
 ``torchrun`` (N processes) or plain ``python`` (one process): the same global batch either way.
 
 ``python tests/helpers/dist_runs.py OUT`` trains one short run per loss aggregation mode, with
@@ -64,7 +64,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    from rloo.training.distributed import exit_process
+    from rloo.training.parallel.distributed import exit_process
 
     main(Path(sys.argv[1]))
     exit_process(0)  # as rloo train ends: gloo's teardown at interpreter finalization can abort

@@ -1,4 +1,4 @@
-"""Training runs through the Python API under FSDP2, launched by ``tests/test_fsdp.py``: with
+"""Training runs through the Python API under FSDP2, launched by ``tests/training/parallel/test_fsdp.py``: with
 ``torchrun`` on 2 processes and the variables ``accelerate launch --config_file
 examples/accelerate/fsdp2_cpu.yaml`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION=2``), the
 policy is sharded; with plain ``python`` (one process) the same runs train unsharded.
@@ -21,7 +21,7 @@ from peft import LoraConfig
 from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
-from rloo.training.sharding import is_sharded
+from rloo.training.parallel.fsdp import is_sharded
 from tests.helpers.models import dataset, frac7, make_model, make_tokenizer, world_config
 
 COMPLETIONS_PER_STEP = 8
@@ -79,7 +79,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    from rloo.training.distributed import exit_process
+    from rloo.training.parallel.distributed import exit_process
 
     main(Path(sys.argv[1]))
     exit_process(0)  # as rloo train ends: gloo's teardown at interpreter finalization can abort

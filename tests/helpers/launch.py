@@ -1,5 +1,5 @@
-"""Launching real processes for the multi-process tests (``tests/test_distributed.py``,
-``tests/test_fsdp.py``): ``torchrun`` and plain ``python`` children, and reading their results."""
+"""Launching real processes for the multi-process tests (``tests/training/parallel/test_distributed.py``,
+``tests/training/parallel/test_fsdp.py``): ``torchrun`` and plain ``python`` children, and reading their results."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 from safetensors.torch import load_file
 
 from rloo.tiny import save_tiny_model
+from tests.helpers.paths import REPO
 from tests.helpers.processes import child_env
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TIMING = re.compile(
     r"^(timing/.*|tokens_per_second|step_time|train_runtime|train_samples_per_second|train_steps_per_second)$"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 import datasets
 import huggingface_hub
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 
 
 def numina_rows(n: int) -> list[dict[str, Any]]:

@@ -1,0 +1,333 @@
+"""Checkpoints that are never half-written, resuming from them, and loading saved weights back.
+
+A checkpoint is written into ``output_dir/tmp-checkpoint-<step>`` and renamed to
+``checkpoint-<step>`` only once complete; ``trainer_state.json`` is written last, and
+:func:`latest_checkpoint` only picks folders that have it. An older checkpoint with the
+same name is moved aside before the rename and deleted after, so a crash at any point
+leaves either the old or the new one whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from rloo.training.checkpointing.manifest import manifest_problem, newest_good_checkpoint, write_manifest
+from rloo.training.checkpointing.state_files import load_state, save_state
+from rloo.training.monitoring.nonfinite import require_finite_weights
+from rloo.training.parallel.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    full_state_loading,
+    is_sharded,
+    load_full_optimizer_state,
+)
+from rloo.training.setup.models import is_peft_model
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+TRAINING_STATE = "training_state"  # .json + .safetensors, see rloo.training.checkpointing.state_files
+LEGACY_TRAINING_FILE = "training_state.pt"
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Silence transformers' per-save progress bars ("Writing model shards") for a moment."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def save_pretrained_quietly(obj: Any, path: Path, state_dict: dict[str, Any] | None = None) -> None:
+    """``obj.save_pretrained(path)`` with safetensors and without progress bars; ``state_dict``:
+    the weights to write instead of ``obj``'s own (a sharded model's, gathered: :func:`full_weights`)."""
+    with quiet_progress_bars():
+        if hasattr(obj, "config"):
+            extra = {} if state_dict is None else {"state_dict": state_dict}
+            obj.save_pretrained(path, safe_serialization=True, **extra)
+        else:
+            obj.save_pretrained(path)
+
+
+def full_weights(model: nn.Module) -> dict[str, Any] | None:
+    """A sharded (FSDP) model's full state dict, gathered onto the main process (every process
+    must call it); None for a model that is not sharded (it saves its own weights). Tied weights
+    (a head tied to the embeddings) are left out, as ``save_pretrained`` leaves them out."""
+    if not is_sharded(model):
+        return None
+    tied = _tied_parameter_names(model)
+    return {name: tensor for name, tensor in full_model_state(model).items() if name not in tied}
+
+
+def checked_weights(model: nn.Module, what: str) -> dict[str, Any] | None:
+    """:func:`full_weights`, after refusing to write ``what`` with a non-finite weight
+    (:func:`rloo.training.monitoring.nonfinite.require_finite_weights`); every process must call it."""
+    require_finite_weights(model, what)
+    return full_weights(model)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's global random states (Python, NumPy, torch, CUDA). Sampling needs none:
+    each completion has its own seed (:func:`rloo.generation.sampling.completion_seed`)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def training_state(
+    optimizer: Any, scheduler: Any, sampler: Any, rng_per_rank: list[Any] | None = None, model: Any = None
+) -> dict[str, Any]:
+    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position.
+    ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when None); ``model``
+    sharded (FSDP): the optimizer state is gathered full, keyed by parameter name (a collective)."""
+    sharded = model is not None and is_sharded(model)
+    return {
+        "optimizer": full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_per_rank if rng_per_rank is not None else [rng_state()],
+        "sampler": sampler.state_dict(),
+    }
+
+
+def restore_training_state(
+    state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any, rank: int = 0, model: Any = None
+) -> None:
+    """The inverse of :func:`training_state`, in place, for process ``rank``."""
+    if model is not None and is_sharded(model):
+        load_full_optimizer_state(model, optimizer, state["optimizer"])  # each process keeps its shards
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"]
+    restore_rng_state(rng[rank] if isinstance(rng, list) else rng)  # a dict: one process (older)
+    sampler.load_state_dict(state["sampler"])
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: Any,
+    model_state: dict[str, Any] | None = None,
+    tokenizer: Any,
+    training_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    save_total_limit: int | None,
+) -> Path:
+    """Write ``checkpoint-<step>`` atomically; returns its path.
+
+    ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model), of
+    ``model_state`` when given (a sharded model's full weights: :func:`full_weights`);
+    ``training_state`` (optimizer, scheduler, RNG states) goes to JSON + safetensors, which
+    loading never executes (:mod:`rloo.training.checkpointing.state_files`).
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f"tmp-checkpoint-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_pretrained_quietly(model, tmp, model_state)
+    save_pretrained_quietly(tokenizer, tmp)
+    save_state(training_state, tmp, TRAINING_STATE)
+    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+    write_manifest(tmp)
+    old = output_dir / f"old-checkpoint-{step}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        remove_folder(old)
+    rotate_checkpoints(output_dir, save_total_limit)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``output_dir``, oldest step first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for path in output_dir.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = list_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def rotate_checkpoints(output_dir: Path, save_total_limit: int | None) -> None:
+    """Delete the oldest checkpoints beyond ``save_total_limit``."""
+    if save_total_limit is None:
+        return
+    checkpoints = list_checkpoints(output_dir)
+    for path in checkpoints[: max(0, len(checkpoints) - save_total_limit)]:
+        remove_folder(path)
+
+
+def remove_folder(path: Path) -> None:
+    """Delete ``path`` so that a kill midway never leaves a partial folder under its name: it is
+    renamed to ``deleting-<name>`` (atomic) first, and :func:`tidy_interrupted_writes` finishes it."""
+    doomed = path.with_name(f"deleting-{path.name}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def tidy_interrupted_writes(output_dir: Path) -> None:
+    """Finish what a killed run left: half-deleted folders go, a partial ``tmp-checkpoint-N``
+    goes, and an ``old-checkpoint-N`` whose replacement never arrived becomes ``checkpoint-N``
+    again (whole: it was complete when it was moved aside)."""
+    if not output_dir.is_dir():
+        return
+    for path in sorted(output_dir.iterdir()):
+        if not path.is_dir():
+            continue
+        if path.name.startswith(("deleting-", "tmp-checkpoint-")):
+            shutil.rmtree(path)
+        elif path.name.startswith("old-checkpoint-"):
+            current = path.with_name(path.name.removeprefix("old-"))
+            if current.exists():
+                remove_folder(path)
+            else:
+                os.replace(path, current)
+
+
+def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
+    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder.
+
+    First tidies what a killed run may have left in ``output_dir`` (:func:`tidy_interrupted_writes`).
+    """
+    tidy_interrupted_writes(output_dir)
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if not isinstance(resume_from_checkpoint, str | os.PathLike | bool):
+        raise ValueError(
+            f"resume_from_checkpoint={resume_from_checkpoint!r} is invalid: give True (the latest checkpoint in "
+            f"{output_dir}), a checkpoint folder such as '{output_dir / 'checkpoint-500'}', or None"
+        )
+    if resume_from_checkpoint is True:
+        path = latest_checkpoint(output_dir)
+        if path is None:
+            raise ValueError(
+                f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
+                "train without resuming, or pass the checkpoint folder explicitly"
+            )
+        return resolve_resume_path(str(path), output_dir)
+    path = Path(resume_from_checkpoint)
+    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
+    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / needed[1]).is_file():
+        raise ValueError(
+            f"{path} was written by an older rloo: its training state is a pickle ({LEGACY_TRAINING_FILE}), "
+            "which is not loaded because unpickling can run code. Start a new run from its weights "
+            "(model=that folder) instead of resuming"
+        )
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint (missing {', '.join(missing)}); "
+            "pick a checkpoint-<step> folder"
+        )
+    problem = manifest_problem(path)
+    if problem is not None:
+        good = newest_good_checkpoint(list_checkpoints(path.parent))
+        instead = f"the newest good checkpoint is {good}: resume from it" if good else "no checkpoint there is intact"
+        raise ValueError(f"checkpoint {path} is damaged: {problem}; {instead} (rloo train ... --resume-from PATH)")
+    return path
+
+
+def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trainer_state, training_state)`` of a checkpoint folder."""
+    trainer_state = json.loads((path / STATE_FILE).read_text())
+    return trainer_state, load_state(path, TRAINING_STATE)
+
+
+def restore_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    sampler: Any,
+    rank: int = 0,
+) -> dict[str, Any]:
+    """Load a checkpoint's weights and process ``rank``'s training state in place; returns its
+    trainer state."""
+    trainer_state, training_state = load_checkpoint_states(path)
+    load_model_weights(model, path)
+    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model)
+    return trainer_state
+
+
+def load_model_weights(model: nn.Module, folder: Path) -> None:
+    """Load ``folder``'s safetensors into ``model`` in place.
+
+    A PEFT model loads ``adapter_model.safetensors``; a full model every ``*.safetensors``
+    shard. Keys missing from the files must be tied weights (e.g. the LM head tied to the
+    embeddings), which ``save_pretrained`` leaves out; anything else is an error.
+    """
+    if is_peft_model(model):
+        from peft import set_peft_model_state_dict
+
+        with full_state_loading(model):
+            set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+        return
+    shards = sorted(folder.glob("model*.safetensors"))  # not the training state's tensors
+    if not shards:
+        raise ValueError(f"no model*.safetensors weights in {folder}")
+    state = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    with full_state_loading(model):
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = _tied_parameter_names(model)
+    untied_missing = [k for k in missing if k not in tied]
+    if untied_missing or unexpected:
+        raise ValueError(
+            f"checkpoint {folder} does not match the model: missing {untied_missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def _tied_parameter_names(model: nn.Module) -> set[str]:
+    """Names of parameters that share storage with an earlier-named parameter."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        else:
+            seen[id(param)] = name
+    return tied

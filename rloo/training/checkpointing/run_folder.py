@@ -1,0 +1,175 @@
+"""What a run may do to its ``output_dir``: never delete or overwrite what it did not write.
+
+- A fresh run refuses a folder that holds an earlier run's files (its checkpoints, ``final/``,
+  ``config.yaml``, logs or report) unless ``overwrite_output_dir=True``; with it, the earlier
+  logs are kept under another name and the rest is replaced.
+- Resuming from a checkpoint older than the newest one in the folder would overwrite the
+  newer ones (and a later ``resume_from_checkpoint=True`` would pick them): refused unless
+  ``overwrite_output_dir=True``, which removes them first, saying so.
+
+``overwrite_output_dir`` is the explicit opt-in, as in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rloo.training.checkpointing.checkpoints import (
+    CHECKPOINT_PATTERN,
+    STATE_FILE,
+    list_checkpoints,
+    remove_folder,
+    resolve_resume_path,
+)
+
+RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
+LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log", "tensorboard")
+
+
+def open_run(
+    output_dir: Path, resume_from_checkpoint: bool | str | None, config: dict[str, Any], world_size: int, console: Any
+) -> Path | None:
+    """Check and prepare ``output_dir`` for this run (main process only); the checkpoint to resume
+    from, or None for a fresh run."""
+    path = resolve_resume_path(resume_from_checkpoint, output_dir)
+    if path is None:
+        prepare_fresh_run(output_dir, bool(config["overwrite_output_dir"]), console)
+    else:
+        prepare_resume(output_dir, path, config, console)
+        check_same_world_size(path, world_size)
+    return path
+
+
+def check_same_world_size(checkpoint: Path, world_size: int) -> None:
+    """A checkpoint holds one random state per process and its processes' prompt shards: resuming
+    with another process count would not continue its run."""
+    saved = json.loads((checkpoint / STATE_FILE).read_text()).get("world_size", 1)
+    if saved != world_size:
+        raise ValueError(
+            f"{checkpoint.name} was written by a run of {saved} process(es) and this run has {world_size}: "
+            f"resume with {saved} (e.g. torchrun --nproc_per_node {saved} or accelerate launch --num_processes "
+            f"{saved}), or start a new run from its weights (model={str(checkpoint)!r})"
+        )
+
+
+def write_run_files(output_dir: Path, config_text: str, sink: Any, state: Any, resumed_from: Path | None) -> None:
+    """``config.yaml``, and after a resume the logs as of the checkpoint (replayed steps are not
+    logged twice). ``sink``: the run's ``MetricsSink``; ``state``: its ``TrainerState``."""
+    if resumed_from is not None:
+        sink.rewrite(state.log_history)
+        keep_completions_until(output_dir, state.global_step)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(config_text)
+
+
+def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:
+    """``config.yaml``: the run file as given (when trained by ``rloo train``) with every
+    ``RLOOConfig`` field as resolved."""
+    return yaml.safe_dump(config if run_config is None else {**run_config, **config}, sort_keys=False)
+
+
+def earlier_run_files(output_dir: Path) -> list[str]:
+    """Names in ``output_dir`` that an earlier run wrote (checkpoints first)."""
+    if not output_dir.is_dir():
+        return []
+    found = [path.name for path in list_checkpoints(output_dir)]
+    return found + [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def check_fresh_run(output_dir: Path, overwrite: bool) -> None:
+    """Raise ``ValueError`` if a fresh run may not start in ``output_dir`` (cheap: no model needed)."""
+    found = earlier_run_files(output_dir)
+    if found and not overwrite:
+        resume = (
+            "pass resume_from_checkpoint=True (rloo train ... --resume) to continue it, "
+            if any(CHECKPOINT_PATTERN.match(name) for name in found)
+            else ""
+        )
+        raise ValueError(
+            f"output_dir {str(output_dir)!r} already holds an earlier run ({', '.join(found[:6])}); "
+            f"{resume}choose a new output_dir, or set overwrite_output_dir=True to replace it (nothing was changed)"
+        )
+
+
+def prepare_fresh_run(output_dir: Path, overwrite: bool, console: Any) -> None:
+    """Refuse a folder holding an earlier run, or (``overwrite``) set its logs aside."""
+    check_fresh_run(output_dir, overwrite)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in LOG_FILES:
+        path = output_dir / name
+        if path.exists():
+            kept = path.with_name(f"{path.stem}.before-{stamp}{path.suffix}")
+            path.rename(kept)
+            console.print(f"kept the earlier run's {name} as {kept.name}")
+
+
+def prepare_resume(output_dir: Path, checkpoint: Path, config: dict[str, Any], console: Any) -> None:
+    """Refuse a resume that would not continue the checkpoint's run: with other batch-shaping
+    settings, or behind newer checkpoints of ``output_dir`` (removed with ``overwrite_output_dir``).
+    ``config``: this run's ``RLOOConfig.to_dict()``."""
+    check_same_batch_shape(checkpoint, config)
+    overwrite = bool(config["overwrite_output_dir"])
+    step = _step(checkpoint)
+    newer = [path for path in list_checkpoints(output_dir) if step is not None and (_step(path) or 0) > step]
+    if newer and not overwrite:
+        names = ", ".join(path.name for path in newer)
+        raise ValueError(
+            f"{output_dir} holds checkpoints newer than {checkpoint.name} ({names}); resuming from it would "
+            "overwrite them. Resume from the newest (resume_from_checkpoint=True), move them away, or set "
+            "overwrite_output_dir=True to delete them (nothing was changed)"
+        )
+    for path in newer:
+        remove_folder(path)
+        console.print(f"removed {path.name}, newer than {checkpoint.name} (overwrite_output_dir=True)")
+
+
+# the fields that decide which prompts form a generation batch and how it maps to optimizer steps
+BATCH_SHAPE = (
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_iterations",
+    "seed",
+    "shuffle_dataset",
+)
+
+
+def check_same_batch_shape(checkpoint: Path, config: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field and both values if this run shapes its batches
+    differently from the run that wrote ``checkpoint`` (its ``config.yaml``)."""
+    saved = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
+    for name in BATCH_SHAPE:
+        if name in saved and saved[name] != config[name]:
+            raise ValueError(
+                f"cannot resume {checkpoint}: it was trained with {name}={saved[name]!r}, this run has "
+                f"{name}={config[name]!r}; resume with the same value, or start a new run from its weights"
+            )
+
+
+def keep_completions_until(output_dir: Path, step: int) -> None:
+    """After a resume to ``step``, drop the completions logged by the abandoned later steps
+    (they are logged again as the run replays them)."""
+    path = output_dir / "completions.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a half-written last line of the interrupted run
+        if isinstance(row_step, int | float) and row_step < step:
+            kept.append(line)
+    path.write_text("".join(kept))
+
+
+def _step(path: Path) -> int | None:
+    match = CHECKPOINT_PATTERN.match(path.name)
+    return int(match.group(1)) if match else None

@@ -1,0 +1,97 @@
+"""Where metrics go: the trainer state's history and ``metrics.jsonl`` (trackers:
+:mod:`rloo.training.monitoring.trackers`; callbacks: :mod:`rloo.training.callbacks`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rloo.training.state import TrainerState
+
+
+def train_summary(state: TrainerState, runtime: float, steps: int, completions_per_step: int) -> dict[str, float]:
+    """The end-of-training entry transformers' Trainer logs: ``train_loss`` (the mean loss of every
+    step, resumed runs included), and over this call's ``steps`` and ``runtime`` seconds
+    ``train_runtime``, ``train_samples_per_second`` (completions, every process's) and
+    ``train_steps_per_second``."""
+    return {
+        "train_runtime": runtime,
+        "train_samples_per_second": steps * completions_per_step / max(runtime, 1e-9),
+        "train_steps_per_second": steps / max(runtime, 1e-9),
+        "train_loss": state.total_loss / max(state.global_step, 1),
+    }
+
+
+def mean_metrics(window: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the steps in ``window`` (NaN values ignored)."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for metrics in window:
+        for key, value in metrics.items():
+            if value is not None and not math.isnan(value):
+                sums[key] += value
+                counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+class MetricsSink:
+    """Writes logs to ``output_dir/metrics.jsonl`` (the report reads it); trackers get a copy
+    through :mod:`rloo.training.monitoring.trackers`."""
+
+    def __init__(self, output_dir: Path, enabled: bool = True) -> None:
+        """``enabled=False`` (every process but the main one) writes nothing."""
+        self.path = output_dir / "metrics.jsonl"
+        self.enabled = enabled
+
+    def rewrite(self, history: list[dict[str, float]]) -> None:
+        """Replace ``metrics.jsonl`` with ``history`` (after resuming from a checkpoint)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in history))
+
+    def write(self, logs: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(logs) + "\n")
+
+
+def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
+    """The start-up line: parameters, device and the batch shape (over every process)."""
+    trainable, total = parameters
+    prompts = f"{args.prompts_per_generation} prompts"
+    if world_size > 1:
+        prompts = f"{world_size} processes x {prompts} = {world_size * args.prompts_per_generation} prompts"
+    name = args.run_name or Path(args.output_dir).name
+    return (
+        f"run {name}: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
+        f"{prompts} x {args.num_generations} completions per generation"
+    )
+
+
+def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
+    """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``."""
+    shown = ("reward", "reward_std", "kl", "loss", "entropy", "completions/mean_length", "eval_reward")
+    return f"step {step}/{max_steps} " + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
+
+
+class RunWarnings:
+    """Each warning once: printed, and appended to ``output_dir/warnings.log`` (the report shows it)."""
+
+    def __init__(self, output_dir: Path, console: Any, write: bool = True) -> None:
+        self.path, self.console, self.write = output_dir / "warnings.log", console, write
+        self._seen: set[str] = set()
+
+    def warn(self, message: str, step: int) -> None:
+        if message in self._seen:
+            return
+        self._seen.add(message)
+        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+        if not self.write:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(f"step {step}: {message}\n")

@@ -1,0 +1,55 @@
+"""A clean stop on Ctrl-C, SIGTERM or SIGHUP: finish the step, save a checkpoint, say how to resume."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A stop signal ended training after a checkpoint was written; ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, signum: int, checkpoint: Path) -> None:
+        super().__init__(f"{signal.Signals(signum).name}: checkpoint saved to {checkpoint}")
+        self.signum, self.checkpoint, self.exit_code = signum, checkpoint, 128 + signum
+
+
+class StopRequest:
+    """While active, the first Ctrl-C, SIGTERM or SIGHUP (what schedulers send before a kill) asks
+    the loop to stop after the current step and says so; a second one interrupts at once.
+    Outside the main thread it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.signum = signum
+        sys.stderr.write(
+            f"\n{signal.Signals(signum).name} received: stopping after this step and saving a checkpoint "
+            "(send it again to stop at once, without one)\n"
+        )
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}

@@ -1,0 +1,1 @@
+"""Processes: data-parallel collectives and FSDP2 sharding."""

@@ -1,0 +1,52 @@
+"""Every RLOOConfig field is documented where it is declared, and README's field table is generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from rloo.config import RLOOConfig
+from rloo.config.docs import fields_markdown
+from tests.helpers.paths import REPO
+
+README = REPO / "README.md"
+START, END = "<!-- config-fields:start -->", "<!-- config-fields:end -->"
+REGENERATE = "regenerate it with `.venv/bin/python -m rloo.config` and paste it between the markers"
+
+
+def constructor_fields() -> list[dataclasses.Field[object]]:
+    return [f for f in dataclasses.fields(RLOOConfig) if f.init]
+
+
+def readme_block() -> str:
+    text = README.read_text()
+    assert text.count(START) == 1 and text.count(END) == 1, f"README.md needs one {START} ... {END} block"
+    return text.split(START, 1)[1].split(END, 1)[0]
+
+
+@pytest.mark.parametrize("f", constructor_fields(), ids=lambda f: f.name)
+def test_every_field_is_documented(f: dataclasses.Field[object]) -> None:
+    assert len(f.metadata.get("help", "").strip()) >= 20, f"{f.name}: declare it with option(default, help, trl=...)"
+    assert "trl" in f.metadata, f"{f.name}: give trl=<TRL field name> or trl=None"
+    assert f.metadata["trl"] is None or re.fullmatch(r"\w+( \(\w+\))?", f.metadata["trl"]), f.metadata["trl"]
+
+
+def test_readme_table_is_generated_from_the_metadata() -> None:
+    assert readme_block() == "\n" + fields_markdown() + "\n", f"README.md's field table is stale: {REGENERATE}"
+
+
+def test_readme_table_names_every_field() -> None:
+    rows = {line.split("|")[1].strip().strip("`") for line in readme_block().strip().splitlines()[2:]}
+    assert rows == set(RLOOConfig.field_names())
+    assert len(RLOOConfig.field_names()) == len(constructor_fields()) == fields_markdown().count("\n") - 1
+
+
+def test_table_follows_declaration_order_and_marks_missing_counterparts() -> None:
+    lines = fields_markdown().splitlines()
+    assert lines[0] == "| field | default | what it does | TRL |"
+    assert [line.split(" | ")[0].removeprefix("| `").rstrip("`") for line in lines[2:]] == RLOOConfig.field_names()
+    by_name = {line.split(" | ")[0].removeprefix("| `").rstrip("`"): line for line in lines[2:]}
+    assert by_name["beta"].endswith("| `beta` |") and "`None`" in by_name["beta"]
+    assert by_name["preset"].endswith("| — |") and "`'trl'`" in by_name["preset"]
