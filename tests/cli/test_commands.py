@@ -14,6 +14,7 @@ import yaml
 from click.testing import Result
 
 from tests.helpers.cli import flat, invoke
+from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -322,6 +323,30 @@ def test_the_default_demo_beats_the_warm_start_by_15_points(tmp_path: Path) -> N
     gain = accuracy["+ RLOO"]["greedy"] - accuracy["warm start"]["greedy"]
     assert gain >= 0.15, accuracy
     assert seconds < 180, f"the demo took {seconds:.0f} s"
+    # the README shows this run's table: same accuracies, row by row, and the same gain
+    shown = readme_demo_table()
+    assert set(shown) == set(accuracy), (shown, accuracy)
+    for model, (greedy, pass_k, teacher) in shown.items():
+        printed = [f"{accuracy[model][key]:.1%}" for key in ("greedy", "pass_at_k", "teacher_agreement")]
+        assert printed == [greedy, pass_k, teacher], f"README's demo table, {model}: {printed} printed"
+    assert f"RLOO: +{gain * 100:.1f} points of greedy accuracy" in (REPO / "README.md").read_text()
+
+
+def readme_demo_table() -> dict[str, tuple[str, str, str]]:
+    """The README demo table's rows: model -> (greedy, pass@k, = teacher) as printed."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("Two-digit + and -: accuracy on held-out problems") :].split("```")[0]
+    rows = {}
+    for line in block.splitlines():
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if len(cells) == 5 and cells[1].endswith("%"):
+            rows[cells[0]] = (cells[1], cells[2], cells[3])
+    return rows
+
+
+def test_the_readme_demo_table_is_read_whole() -> None:
+    rows = readme_demo_table()
+    assert len(rows) == 5 and rows["+ RLOO"][0].endswith("%") and "warm start" in rows
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
