@@ -1,4 +1,5 @@
-"""Automatic diagnostics of a run's logged metrics: each check maps a symptom to the usual fix.
+"""Automatic diagnostics of a run's logged metrics: each check maps a symptom to its fix, from the one
+table the live health monitors share (:mod:`rloo.training.monitoring.symptoms`).
 
 Every check reads the *recent* part of a metric, the mean over the last quarter of its
 logged values (at least one), so a bad start that recovers raises nothing. Evaluation logs
@@ -15,15 +16,19 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from rloo.training import metric_names as names
+from rloo.training.monitoring.symptoms import SYMPTOMS, finding
+
 Rows = list[dict[str, Any]]
 
-ZERO_STD_FRACTION = 0.5  # frac_reward_zero_std above this: most groups carry no signal
-CLIPPED_FRACTION = 0.5  # completions/clipped_ratio above this: most completions are cut
-KL_LIMIT = 1.0  # recent KL above this is large whatever it started at
+KL_LIMIT = SYMPTOMS["kl_explosion"].threshold  # recent KL above the monitor's limit is large whatever it started at
 KL_GROWTH = 10.0  # ... or above this multiple of its first value,
 KL_FLOOR = 0.05  # with the first value floored here: at step 1 the KL is ~0 (policy == reference)
-STD_EPS = 1e-6  # reward_std at or below this is zero
 EMPTY_LENGTH = 1.0  # mean completion length at or below this (EOS counts) is an empty output
+
+
+def _threshold(symptom: str) -> float:
+    return SYMPTOMS[symptom].threshold
 
 
 def training_rows(rows: Rows) -> Rows:
@@ -57,72 +62,60 @@ def _recent(rows: Rows, key: str) -> float | None:
 
 
 def _zero_std_groups(rows: Rows) -> str | None:
-    recent = _recent(rows, "frac_reward_zero_std")
-    if recent is None or recent <= ZERO_STD_FRACTION:
+    recent = _recent(rows, names.FRAC_REWARD_ZERO_STD)
+    if recent is None or recent <= _threshold("no_signal"):
         return None
-    return (
-        f"most groups have identical rewards (frac_reward_zero_std = {recent:.2f} recently): no learning signal "
-        "— raise temperature / num_generations, check the reward"
-    )
+    observed = f"most groups have identical rewards ({names.FRAC_REWARD_ZERO_STD} = {recent:.2f} recently)"
+    return finding("no_signal", observed + ": no learning signal")
 
 
 def _clipped_completions(rows: Rows) -> str | None:
-    recent = _recent(rows, "completions/clipped_ratio")
-    if recent is None or recent <= CLIPPED_FRACTION:
+    recent = _recent(rows, names.CLIPPED_RATIO)
+    if recent is None or recent <= _threshold("clipped_completions"):
         return None
-    return (
-        f"most completions hit max_completion_length (completions/clipped_ratio = {recent:.2f} recently) "
-        "— raise max_completion_length, reward shorter answers, or set mask_truncated_completions"
-    )
+    observed = f"most completions hit max_completion_length ({names.CLIPPED_RATIO} = {recent:.2f} recently)"
+    return finding("clipped_completions", observed)
 
 
 def _growing_kl(rows: Rows) -> str | None:
-    values = finite_series(rows, "kl")[1]
-    recent = _recent(rows, "kl")
+    values = finite_series(rows, names.KL)[1]
+    recent = _recent(rows, names.KL)
     if recent is None:
         return None
     limit = min(KL_LIMIT, KL_GROWTH * max(values[0], KL_FLOOR))
     if recent <= limit:
         return None
-    return f"KL is growing (first {values[0]:.3g}, recently {recent:.3g}): raise beta or lower learning_rate"
+    return finding("kl_explosion", f"KL is growing (first {values[0]:.3g}, recently {recent:.3g})")
 
 
 def _collapsed_reward_std(rows: Rows) -> str | None:
-    recent = _recent(rows, "reward_std")
-    if recent is None or recent > STD_EPS:
+    recent = _recent(rows, names.REWARD_STD)
+    if recent is None or recent > _threshold("constant_reward"):
         return None
-    return (
-        "reward_std collapsed to 0: every completion gets the same reward "
-        "— the policy collapsed or the reward is constant; check the reward function"
-    )
+    return finding("constant_reward", f"{names.REWARD_STD} collapsed to 0: every completion gets the same reward")
 
 
 def _empty_outputs(rows: Rows) -> str | None:
-    recent = _recent(rows, "completions/mean_length")
+    recent = _recent(rows, names.MEAN_LENGTH)
     if recent is None or recent > EMPTY_LENGTH:
         return None
-    return (
-        f"empty outputs: completions/mean_length = {recent:.2f} tokens recently (EOS counts as one) "
-        "— the policy learned to stop at once; check that the reward does not favour empty answers"
-    )
+    observed = f"empty outputs: {names.MEAN_LENGTH} = {recent:.2f} tokens recently (EOS counts as one)"
+    return finding("length_collapse", observed + ": the policy learned to stop at once")
 
 
 def _nan_losses(rows: Rows) -> str | None:
-    logs_loss = any("loss" in row for row in rows)
+    logs_loss = any(names.LOSS in row for row in rows)
     bad = []
     for row in rows:
-        loss, norm = row.get("loss"), row.get("grad_norm")
+        loss, norm = row.get(names.LOSS), row.get(names.GRAD_NORM)
         nonfinite = any(isinstance(v, float) and not math.isfinite(v) for v in (loss, norm))
-        if nonfinite or (logs_loss and "loss" not in row):
+        if nonfinite or (logs_loss and names.LOSS not in row):
             bad.append(row.get("step"))
     if not bad:
         return None
     shown = ", ".join(str(int(s)) if isinstance(s, int | float) else "?" for s in bad[:5])
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return (
-        f"NaN/inf loss or grad_norm at step(s) {shown}{more}: lower learning_rate, keep max_grad_norm > 0, "
-        "and check rewards and bf16"
-    )
+    return finding("nonfinite", f"NaN/inf loss or grad_norm at step(s) {shown}{more}")
 
 
 CHECKS: tuple[Callable[[Rows], str | None], ...] = (

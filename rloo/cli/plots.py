@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.cli.diagnostics import Rows, finite_series, is_finite
+from rloo.training import metric_names as names
 
 
 @dataclass(frozen=True)
@@ -29,24 +30,24 @@ class Plot:
 def _plots(logged: set[str]) -> list[Plot]:
     per_function = tuple(sorted(k for k in logged if k.startswith("rewards/") and k.endswith("/mean")))
     return [
-        Plot("Reward (mean ± std)", ("reward",), "no reward logged", {"reward": "reward_std"}),
+        Plot("Reward (mean ± std)", (names.REWARD,), "no reward logged", {names.REWARD: names.REWARD_STD}),
         Plot(
             "Reward per function (mean ± std)",
             per_function,
             "no rewards/<name>/mean logged",
             {key: key.removesuffix("/mean") + "/std" for key in per_function},
         ),
-        Plot("KL to the reference", ("kl",), "no kl logged (it is computed only when beta > 0)"),
-        Plot("Entropy", ("entropy",), "no entropy logged"),
+        Plot("KL to the reference", (names.KL,), "no kl logged (it is computed only when beta > 0)"),
+        Plot("Entropy", (names.ENTROPY,), "no entropy logged"),
         Plot(
             "Completion length (tokens)",
-            ("completions/mean_length", "completions/min_length", "completions/max_length"),
+            (names.MEAN_LENGTH, names.MIN_LENGTH, names.MAX_LENGTH),
             "no completion lengths logged",
             from_zero=True,
         ),
         Plot(
             "Clipped ratio (hit max_completion_length)",
-            ("completions/clipped_ratio",),
+            (names.CLIPPED_RATIO,),
             "no clipped ratio logged",
             from_zero=True,
         ),
@@ -56,12 +57,12 @@ def _plots(logged: set[str]) -> list[Plot]:
             "no clip ratios logged",
             from_zero=True,
         ),
-        Plot("Loss", ("loss",), "no loss logged"),
+        Plot("Loss", (names.LOSS,), "no loss logged"),
         Plot("Learning rate", ("learning_rate",), "no learning_rate logged"),
-        Plot("Gradient norm (before clipping)", ("grad_norm",), "no grad_norm logged", log_scale=True),
+        Plot("Gradient norm (before clipping)", (names.GRAD_NORM,), "no grad_norm logged", log_scale=True),
         Plot(
             "Learning signal: tokens with a non-zero advantage, groups with equal rewards",
-            ("frac_tokens_nonzero_advantage", "frac_reward_zero_std"),
+            (names.FRAC_TOKENS_NONZERO_ADVANTAGE, names.FRAC_REWARD_ZERO_STD),
             "no frac_tokens_nonzero_advantage logged",
             from_zero=True,
             optional=True,  # runs before it was logged

@@ -14,23 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from rloo.suggest import unknown_name_error
+from rloo.training.monitoring.symptoms import SYMPTOMS
 
-# key -> (default, what it means); README's "Health monitors" table is this mapping
+# key -> (default, what it means); README's "Health monitors" table is this mapping. The monitors'
+# entries come from the one symptom -> fix table the report's diagnostics share.
 HEALTH_THRESHOLDS: Mapping[str, tuple[float, str]] = {
     "window": (5, "optimizer steps per reading (an integer >= 1); the baseline is the first window"),
-    "length_explosion": (2.0, "mean completion length >= this x its baseline"),
-    "length_collapse": (0.25, "mean completion length <= this x its baseline"),
-    "kl_explosion": (1.0, "mean per-token KL to the reference >= this (nats; only when beta > 0)"),
-    "reward_collapse": (
-        0.9,
-        "fraction of groups whose completions all got the same *task* reward (before KL) >= this",
-    ),
-    "entropy_collapse": (0.1, "mean token entropy <= this x its baseline"),
-    "train_up_eval_down": (
-        0.05,
-        "since the best evaluation, eval_reward fell and the train reward rose, each by >= this (reward units)",
-    ),
-    "loss_spike": (5.0, "a step's grad_norm (before clipping) >= this x the median of the previous window"),
+    **{name: (symptom.threshold, symptom.meaning) for name, symptom in SYMPTOMS.items() if symptom.monitored},
 }
 
 

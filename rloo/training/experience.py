@@ -25,6 +25,7 @@ from rloo.algo.masks import mask_truncated
 from rloo.config import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
+from rloo.training import metric_names as names
 from rloo.training.metrics import (
     append_jsonl,
     batch_record,
@@ -138,10 +139,10 @@ class ExperienceMaker:
         for message in batch_warnings(metrics, self.reward_names, self.args.max_prompt_length, limit):
             self.warn(message)
         signal, tokens = self.ranks.sum(nonzero_advantage_tokens(advantages, loss_mask, scored.rollout.completion_mask))
-        metrics["frac_tokens_nonzero_advantage"] = signal / max(tokens, 1.0)
+        metrics[names.FRAC_TOKENS_NONZERO_ADVANTAGE] = signal / max(tokens, 1.0)
         if per_token_kl is not None:
             kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
-            metrics["kl"] = kl_sum / max(tokens, 1.0)
+            metrics[names.KL] = kl_sum / max(tokens, 1.0)
         # reward functions' log_metric scalars: the mean over the processes that logged each (as TRL)
         logged = [m for m in self.ranks.gather_objects(scored.rewards.log.metric_means()) if m]
         for name in sorted({key for means in logged for key in means}):

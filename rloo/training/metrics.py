@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rloo.algo.advantages import frac_zero_std_groups
 from rloo.pipeline import ScoredRollout
+from rloo.training import metric_names
 from rloo.training.passes import PassResult
 
 
@@ -91,8 +92,8 @@ def reward_metrics(record: BatchRecord, names: list[str]) -> dict[str, float]:
     """``reward``/``reward_std`` over scorable completions (before clipping and KL), and per function."""
     scored = record.rewards[record.scorable].float()
     metrics = {
-        "reward": float(scored.mean()) if scored.numel() else float("nan"),
-        "reward_std": _std(scored),
+        metric_names.REWARD: float(scored.mean()) if scored.numel() else float("nan"),
+        metric_names.REWARD_STD: _std(scored),
         "rewards/unscorable": float((~record.scorable).sum()),
     }
     for column, name in enumerate(names):
@@ -111,10 +112,10 @@ def completion_metrics(lengths: Tensor, truncated: Tensor) -> dict[str, float]:
     """Completion lengths (EOS counted) and the fraction cut at the length limit."""
     terminated = lengths[~truncated]
     return {
-        "completions/mean_length": float(lengths.float().mean()),
-        "completions/min_length": float(lengths.min()),
-        "completions/max_length": float(lengths.max()),
-        "completions/clipped_ratio": float(truncated.float().mean()),
+        metric_names.MEAN_LENGTH: float(lengths.float().mean()),
+        metric_names.MIN_LENGTH: float(lengths.min()),
+        metric_names.MAX_LENGTH: float(lengths.max()),
+        metric_names.CLIPPED_RATIO: float(truncated.float().mean()),
         # as TRL: 0 when no completion terminated
         "completions/mean_terminated_length": float(terminated.float().mean()) if terminated.numel() else 0.0,
         "completions/min_terminated_length": float(terminated.min()) if terminated.numel() else 0.0,
@@ -130,9 +131,13 @@ def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float
     metrics.update(completion_metrics(record.lengths, record.truncated))
     metrics["completions/total_tokens"] = float(record.lengths.sum())  # over every process
     metrics.update(advantage_metrics(record.advantages, record.scorable))
-    metrics["frac_reward_zero_std"] = frac_zero_std_groups(record.penalized, record.group_ids, record.scorable)
+    metrics[metric_names.FRAC_REWARD_ZERO_STD] = frac_zero_std_groups(
+        record.penalized, record.group_ids, record.scorable
+    )
     # the same of the task rewards alone: the KL penalty breaks ties and hides a reward collapse
-    metrics["frac_task_reward_zero_std"] = frac_zero_std_groups(record.rewards, record.group_ids, record.scorable)
+    metrics[metric_names.FRAC_TASK_REWARD_ZERO_STD] = frac_zero_std_groups(
+        record.rewards, record.group_ids, record.scorable
+    )
     metrics["prompts/truncated"] = record.truncated_prompts
     metrics["prompts/max_length"] = record.prompt_max_length
     return metrics
@@ -186,7 +191,7 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     over the step's tokens (each pass weighted by its tokens, reported as ``_tokens`` for the
     reduction over processes, :func:`rloo.training.parallel.distributed.reduce_step_metrics`)."""
     if not results:
-        return {"loss": 0.0}
+        return {metric_names.LOSS: 0.0}
     weights = [r.tokens for r in results]
     total = sum(weights)
     if total <= 0:
@@ -196,8 +201,8 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
         return sum(w * v for w, v in zip(weights, values, strict=True)) / total
 
     metrics = {
-        "loss": sum(r.loss_value for r in results),
-        "entropy": mean([r.entropy for r in results]),
+        metric_names.LOSS: sum(r.loss_value for r in results),
+        metric_names.ENTROPY: mean([r.entropy for r in results]),
         "clip_ratio/low_mean": mean([r.clip.low for r in results]),
         "clip_ratio/high_mean": mean([r.clip.high for r in results]),
         # this process's fractions; over processes the min and max (TRL's nanmin / nanmax of the gathered)
@@ -207,7 +212,7 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
         "_tokens": total,
     }
     if all(r.kl is not None for r in results):
-        metrics["kl"] = mean([r.kl for r in results if r.kl is not None])
+        metrics[metric_names.KL] = mean([r.kl for r in results if r.kl is not None])
     if all(r.aux_loss is not None for r in results):
         metrics["aux_loss"] = mean([r.aux_loss for r in results if r.aux_loss is not None])
     return metrics

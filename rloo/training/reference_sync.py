@@ -28,7 +28,7 @@ class ReferenceSync:
 
     KEY = "reference"  # its entry in a checkpoint's training state
 
-    def __init__(self, policy: nn.Module, reference: nn.Module | None, args: Any) -> None:
+    def __init__(self, *, policy: nn.Module, reference: nn.Module | None, args: Any) -> None:
         self.enabled = bool(args.sync_ref_model)
         self.alpha, self.every = args.ref_model_mixup_alpha, args.ref_model_sync_steps
         self.policy, self.reference = policy, reference

@@ -21,6 +21,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from rloo.training import metric_names as names
+
 # every phase a step is timed in, in order (``timing/<phase>``)
 PHASES = ("rollout", "generate", "score", "logprobs", "advantages", "update", "log")
 BATCH_PHASES = ("rollout", "logprobs", "advantages")  # once per generation batch, outside the update
@@ -54,8 +56,8 @@ class PhaseTimer:
         batch_seconds = sum(self.last.get(phase, 0.0) for phase in BATCH_PHASES)
         seconds = batch_seconds + update * steps_per_generation
         return {
-            **{f"timing/{phase}": self.last[phase] for phase in PHASES if phase in self.last},
-            "timing/step": update + batch_seconds / steps_per_generation,
+            **{names.timing(phase): self.last[phase] for phase in PHASES if phase in self.last},
+            names.timing("step"): update + batch_seconds / steps_per_generation,
             "step_time": update,
             "tokens_per_second": completion_tokens / max(seconds, 1e-9),
         }

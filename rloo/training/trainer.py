@@ -43,6 +43,7 @@ from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
+from rloo.training import metric_names as names
 from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.callbacks import Callbacks
 from rloo.training.checkpointing import checkpoints
@@ -123,7 +124,7 @@ class RLOOTrainer:
         prepared = prepare_training(self.accelerator, policy, self.ref_model, args, self.state.max_steps, sharding)
         self.model, self.optimizer, self.scheduler = prepared
         self.rewards.to(self.accelerator.device)
-        self.reference_sync = ReferenceSync(self.unwrapped_model, self.ref_model, args)
+        self.reference_sync = ReferenceSync(policy=self.unwrapped_model, reference=self.ref_model, args=args)
         self.rollout_settings = RolloutSettings.from_config(args)
         self.rollouts: RolloutSource = SynchronousRollouts(
             prompts=self.sampler,
@@ -158,7 +159,7 @@ class RLOOTrainer:
         self.timer = PhaseTimer()
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
-        self.best = BestModel(args, self.output_dir)
+        self.best = BestModel(args=args, output_dir=self.output_dir)
         self.callback_handler = Callbacks(list(callbacks or []), self)
         self.callback_handler.fire("on_init_end")
 
@@ -265,7 +266,7 @@ class RLOOTrainer:
     def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
         args, step = self.args, self.state.global_step
         batch = self.experience.train_batch(scored, logprobs)
-        batch.metrics["policy_version"] = float(step)
+        batch.metrics[names.POLICY_VERSION] = float(step)
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
         if args.log_completions and step % args.logging_steps == 0:
             self.experience.log_completions(step, scored, batch.advantages)
@@ -347,7 +348,11 @@ class RLOOTrainer:
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
             weights = checkpoints.full_weights(self.unwrapped_model) if self.best.enabled else None
-            self.best.observe(state, logs, functools.partial(self._write_model, weights=weights), self.ranks.on_main)
+            write = functools.partial(self._write_model, weights=weights)
+            best = self.best.observe(state.best_metric, logs, write, self.ranks.on_main)
+            if best is not None:
+                state.best_metric, state.best_global_step = best, state.global_step
+                state.best_model_checkpoint = str(self.best.folder)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
         if checkpoint_due(args, state.global_step, epoch_ended) or callbacks.requested("should_save"):

@@ -163,7 +163,7 @@ def _steps(early: float, late: float) -> list[float]:
         ("reward_std", _steps(0.3, 0.0), "reward_std collapsed to 0"),
         ("completions/mean_length", _steps(30.0, 1.0), "empty outputs"),
         ("loss", _steps(0.1, math.nan), "NaN/inf loss or grad_norm at step(s) 16, 17, 18, 19, 20"),
-        ("grad_norm", [math.inf] + [1.0] * 19, "NaN/inf loss or grad_norm at step(s) 1:"),
+        ("grad_norm", [math.inf] + [1.0] * 19, "NaN/inf loss or grad_norm at step(s) 1. Fix:"),
     ],
 )
 def test_diagnostic_fires(key: str, values: list[float], expected: str) -> None:
@@ -188,7 +188,7 @@ def test_window_of_nan_losses_is_a_row_without_loss() -> None:
     rows = [row for row in healthy_metrics() if "eval_reward" not in row]
     del rows[7]["loss"]
     (message,) = diagnose(rows)
-    assert message.startswith("NaN/inf loss or grad_norm at step(s) 8: lower learning_rate")
+    assert message.startswith("NaN/inf loss or grad_norm at step(s) 8. Fix: lower learning_rate")
 
 
 def test_eval_rows_are_not_training_rows() -> None:

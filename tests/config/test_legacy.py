@@ -463,22 +463,19 @@ def test_greater_is_better_false_keeps_the_lowest(tmp_path: Path) -> None:
         eval_steps=1, load_best_model_at_end=True, metric_for_best_model="loss_like", greater_is_better=False
     )
     assert metric_name(args) == "eval_loss_like"
-    best = BestModel(args, tmp_path)
-    state = type(
-        "State", (), {"best_metric": None, "best_global_step": None, "best_model_checkpoint": None, "global_step": 1}
-    )()
+    best = BestModel(args=args, output_dir=tmp_path)
     written: list[Path] = []
 
     def write(path: Path) -> None:
         path.mkdir()
         written.append(path)
 
-    assert best.observe(state, {"eval_loss_like": 2.0}, write, lambda work: work())
-    assert not best.observe(state, {"eval_loss_like": 3.0}, write, lambda work: work())
-    assert best.observe(state, {"eval_loss_like": 1.0}, write, lambda work: work())
-    assert state.best_metric == 1.0 and (tmp_path / "best").is_dir() and not (tmp_path / "tmp-best").exists()
+    assert best.observe(None, {"eval_loss_like": 2.0}, write, lambda work: work()) == 2.0
+    assert best.observe(2.0, {"eval_loss_like": 3.0}, write, lambda work: work()) is None
+    assert best.observe(2.0, {"eval_loss_like": 1.0}, write, lambda work: work()) == 1.0
+    assert len(written) == 2 and (tmp_path / "best").is_dir() and not (tmp_path / "tmp-best").exists()
     with pytest.raises(ValueError, match="metric_for_best_model reads 'eval_loss_like'"):
-        best.observe(state, {"eval_reward": 1.0}, write, lambda work: work())
+        best.observe(1.0, {"eval_reward": 1.0}, write, lambda work: work())
     with pytest.raises(ValueError, match="load_best_model_at_end=True is invalid: it needs evaluations"):
         RLOOConfig(load_best_model_at_end=True)
 

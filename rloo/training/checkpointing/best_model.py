@@ -37,7 +37,7 @@ def is_better(value: float, best: float | None, greater: bool) -> bool:
 class BestModel:
     """Tracks the best evaluation of one run; does nothing unless ``args.load_best_model_at_end``."""
 
-    def __init__(self, args: Any, output_dir: Path) -> None:
+    def __init__(self, *, args: Any, output_dir: Path) -> None:
         self.enabled = bool(args.load_best_model_at_end)
         self.metric = metric_name(args)
         # transformers' default: greater is better unless the metric is a loss
@@ -45,24 +45,26 @@ class BestModel:
         self.folder = output_dir / "best"
 
     def observe(
-        self, state: Any, logs: dict[str, float], write: Callable[[Path], Any], on_main: Callable[[Any], Any]
-    ) -> bool:
-        """Compare an evaluation's ``logs`` with the best so far; a new best is written with
-        ``write(folder)`` on the main process (``on_main``). Returns whether it was a new best."""
+        self,
+        best_so_far: float | None,
+        logs: dict[str, float],
+        write: Callable[[Path], Any],
+        on_main: Callable[[Any], Any],
+    ) -> float | None:
+        """Compare an evaluation's ``logs`` with ``best_so_far`` (None: no evaluation yet); a new best is
+        written with ``write(folder)`` on the main process (``on_main``) and returned, else None."""
         if not self.enabled:
-            return False
+            return None
         if self.metric not in logs:
             raise ValueError(
                 f"RLOOConfig.metric_for_best_model reads {self.metric!r}, which evaluation does not log; "
                 f"choose one of {sorted(k for k in logs if k.startswith('eval_'))}"
             )
         value = float(logs[self.metric])
-        if not is_better(value, state.best_metric, self.greater):
-            return False
+        if not is_better(value, best_so_far, self.greater):
+            return None
         on_main(lambda: self._replace(write))
-        state.best_metric, state.best_global_step = value, state.global_step
-        state.best_model_checkpoint = str(self.folder)
-        return True
+        return value
 
     def _replace(self, write: Callable[[Path], Any]) -> None:
         tmp = self.folder.with_name("tmp-best")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rloo.training import metric_names as names
+
 RLOO_CITATION = """@inproceedings{ahmadian2024back,
   title     = {{Back to Basics: Revisiting REINFORCE-Style Optimization for Learning from Human Feedback in LLMs}},
   author    = {Arash Ahmadian and Chris Cremer and Matthias Gall{\\'e} and Marzieh Fadaee and Julia Kreutzer
@@ -43,7 +45,8 @@ def model_card(
         front.append(f"datasets: [{dataset_name}]")
     front.append("---")
     settings = "\n".join(f"| `{name}` | `{getattr(args, name)}` |" for name in _CARD_SETTINGS)
-    shown = {k: v for k, v in metrics.items() if k in ("reward", "reward_std", "kl", "train_loss", "eval_reward")}
+    card_metrics = (names.REWARD, names.REWARD_STD, names.KL, names.TRAIN_LOSS, names.EVAL_REWARD)
+    shown = {k: v for k, v in metrics.items() if k in card_metrics}
     results = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in shown.items()) or "| (none logged) | |"
     return "\n".join(
         [

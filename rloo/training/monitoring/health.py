@@ -1,7 +1,8 @@
 """Live health monitors: the seeds' troubleshooting table, checked while a run trains.
 
 Each monitor watches per-step metrics and fires when its symptom appears; a firing monitor
-prints a warning naming the seed's fix (also appended to ``warnings.log``, which the report
+prints a warning naming the fix (:mod:`rloo.training.monitoring.symptoms`, the table the report's
+diagnostics share) (also appended to ``warnings.log``, which the report
 shows) and sets ``health/<monitor> = 1`` in that step's metrics (``metrics.jsonl``). It fires
 once when its condition becomes true and again only after the condition has cleared, so a
 lasting symptom is one warning, not one per step.
@@ -42,30 +43,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# monitor -> the fix, from the seeds' troubleshooting sections
-FIXES: Mapping[str, str] = {
-    "length_explosion": "raise beta (too low a KL lets the policy drift), add a length penalty "
-    "(the `length` reward), or restart with a lower learning_rate",
-    "length_collapse": "raise beta (too low a KL lets the policy drift), check that the reward does not favour "
-    "short or empty answers, or restart with a lower learning_rate",
-    "kl_explosion": "raise beta (e.g. 0.1), lower learning_rate, and evaluate more often",
-    "reward_collapse": "check that the reward function tells completions apart, raise temperature, use more "
-    "diverse prompts (expected once the task is solved)",
-    "entropy_collapse": "raise temperature or beta, lower learning_rate; entropy_coef > 0 rewards exploration",
-    "train_up_eval_down": "likely reward hacking: raise beta, and make the reward strict so format tricks "
-    "cannot game it",
-    "loss_spike": "raise num_generations (a better baseline) or gradient_accumulation_steps (a larger batch), "
-    "lower learning_rate",
-}
+from rloo.training import metric_names as names
+from rloo.training.monitoring.symptoms import finding
 
 # short name -> the per-step metric it follows
 SERIES: Mapping[str, str] = {
-    "length": "completions/mean_length",
-    "kl": "kl",
-    "task_zero_std": "frac_task_reward_zero_std",
-    "entropy": "entropy",
-    "grad_norm": "grad_norm",
-    "reward": "reward",
+    "length": names.MEAN_LENGTH,
+    "kl": names.KL,
+    "task_zero_std": names.FRAC_TASK_REWARD_ZERO_STD,
+    "entropy": names.ENTROPY,
+    "grad_norm": names.GRAD_NORM,
+    "reward": names.REWARD,
 }
 SPIKE_SERIES = ("grad_norm",)
 TINY = 1e-6  # a series whose typical magnitude is below this has no scale to spike against
@@ -78,7 +66,7 @@ class Alert:
 
     @property
     def metric(self) -> str:
-        return f"health/{self.name}"
+        return names.health(self.name)
 
 
 def _mean(values: list[float]) -> float:
@@ -210,6 +198,6 @@ class HealthMonitor:
                     firing.remove(name)
             elif name not in firing:
                 firing.append(name)
-                text = f"health: {name.replace('_', ' ')} at step {step}: {condition}. Fix: {FIXES[name]}"
+                text = f"health: {name.replace('_', ' ')} at step {step}: {finding(name, condition)}"
                 alerts.append(Alert(name, text))
         return alerts

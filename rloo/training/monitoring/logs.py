@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rloo.training import metric_names as names
 from rloo.training.state import TrainerState
 
 
@@ -74,7 +75,7 @@ def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: i
 
 def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
     """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``."""
-    shown = ("reward", "reward_std", "kl", "loss", "entropy", "completions/mean_length", "eval_reward")
+    shown = (names.REWARD, names.REWARD_STD, names.KL, names.LOSS, names.ENTROPY, names.MEAN_LENGTH, names.EVAL_REWARD)
     return f"step {step}/{max_steps} " + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
 
 

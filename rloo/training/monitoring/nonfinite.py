@@ -14,15 +14,14 @@ import math
 import torch.distributed as dist
 from torch import nn
 
+from rloo.training.monitoring.symptoms import SYMPTOMS
+
 
 class NonFiniteTrainingError(RuntimeError):
     """Training stopped: too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
-NONFINITE_FIXES = (
-    "lower learning_rate, keep max_grad_norm > 0, check the rewards (rewards/<name>/nonfinite) "
-    "and, on a GPU, try fp32 instead of bf16"
-)
+NONFINITE_FIXES = SYMPTOMS["nonfinite"].fix
 
 
 SKIPPED_STEP = f"a step had a non-finite loss or gradient and was skipped (no update); {NONFINITE_FIXES}"

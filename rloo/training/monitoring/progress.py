@@ -8,6 +8,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from rloo.training import metric_names as names
+
 
 class TrainingProgress:
     """``step i/N [bar] ETA last step: reward=.. kl=.. tok/s=..``, refreshed after every step.
@@ -43,9 +45,9 @@ class TrainingProgress:
             self._progress.stop()
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        parts = [f"reward={metrics['reward']:.3f}"] if "reward" in metrics else []
-        if "kl" in metrics:
-            parts.append(f"kl={metrics['kl']:.4f}")
+        parts = [f"reward={metrics[names.REWARD]:.3f}"] if names.REWARD in metrics else []
+        if names.KL in metrics:
+            parts.append(f"kl={metrics[names.KL]:.4f}")
         if "tokens_per_second" in metrics:
             parts.append(f"tok/s={metrics['tokens_per_second']:.0f}")
         stats = "last step: " + " ".join(parts)

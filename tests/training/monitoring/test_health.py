@@ -12,9 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.cli.diagnostics import diagnose
 from rloo.cli.report import build_report
 from rloo.config.health import HEALTH_THRESHOLDS, default_health_thresholds, thresholds_markdown
 from rloo.training.monitoring.health import HealthMonitor, spike
+from rloo.training.monitoring.symptoms import SYMPTOMS
 from rloo.training.state import TrainerState
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, trainer
 from tests.helpers.paths import REPO
@@ -273,3 +275,16 @@ def test_the_readme_table_is_the_thresholds_table() -> None:
     readme = (REPO / "README.md").read_text()
     start, end = "<!-- health-thresholds:start -->\n", "\n<!-- health-thresholds:end -->"
     assert readme[readme.index(start) + len(start) : readme.index(end)] == thresholds_markdown()
+
+
+def test_the_monitors_and_the_report_name_one_fix_per_symptom() -> None:
+    """A KL explosion seen live and seen by the report's diagnostics gets the same fix, from one table."""
+    monitor = HealthMonitor({**default_health_thresholds(), "window": 2})
+    memory: dict[str, Any] = {}
+    alerts = [a for step in range(1, 6) for a in monitor.observe_step(memory, step, {"kl": 3.0})]
+    (live,) = [a.message for a in alerts if a.name == "kl_explosion"]
+    (report,) = diagnose([{"step": float(step), "kl": 0.01 if step == 1 else 3.0} for step in range(1, 9)])
+    fix = f"Fix: {SYMPTOMS['kl_explosion'].fix}"
+    assert live.endswith(fix) and report.endswith(fix)
+    monitored = {name: (s.threshold, s.meaning) for name, s in SYMPTOMS.items() if s.monitored}
+    assert {k: v for k, v in HEALTH_THRESHOLDS.items() if k != "window"} == monitored
