@@ -3,7 +3,8 @@ table the live health monitors share (:mod:`rloo.training.monitoring.symptoms`).
 
 Every check reads the *recent* part of a metric, the mean over the last quarter of its
 logged values (at least one), so a bad start that recovers raises nothing. Evaluation logs
-(rows with ``eval_*`` keys) are left out of the training checks.
+(rows with ``eval_*`` keys) and the end-of-run summary (``train_loss``) are left out of the
+training checks.
 
 The trainer averages each metric over a logging window ignoring NaN (see
 :func:`rloo.training.monitoring.logs.mean_metrics`), so a window whose losses were all NaN shows up as a
@@ -32,8 +33,9 @@ def _threshold(symptom: str) -> float:
 
 
 def training_rows(rows: Rows) -> Rows:
-    """The training logs: rows of ``metrics.jsonl`` that are not evaluation logs."""
-    return [row for row in rows if not any(str(key).startswith("eval_") for key in row)]
+    """The training logs: rows of ``metrics.jsonl`` that are neither evaluation logs nor the end-of-run
+    summary (``train_loss``, ``train_runtime``, ...: no per-step ``loss``, which is no missing loss)."""
+    return [row for row in rows if names.TRAIN_LOSS not in row and not any(str(key).startswith("eval_") for key in row)]
 
 
 def is_finite(value: Any) -> TypeGuard[int | float]:

@@ -45,6 +45,7 @@ import yaml
 
 from rloo.cli.run_file import annotation_text
 from rloo.config import RLOOConfig
+from rloo.config.fields import trl_name
 from rloo.config.legacy import REFUSED, RENAMED
 from rloo.suggest import unknown_name_error
 
@@ -348,7 +349,7 @@ def fields_help() -> str:
     paragraphs = ["Config fields: each is a run-file key, a key=value override and a --field value flag."]
     for field in dataclasses.fields(RLOOConfig):
         if field.init:
-            trl = "" if field.metadata["trl"] in (None, field.name) else f" TRL: {field.metadata['trl']}."
+            trl = "" if trl_name(field) in (None, field.name) else f" TRL: {trl_name(field)}."
             paragraphs.append(f"--{field.name} (default {field.default!r}): {field.metadata['help']}{trl}")
     paragraphs.append(
         "TRL's script and model flags: "

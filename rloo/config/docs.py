@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rloo.config.fields import trl_name
 from rloo.config.rloo_config import RLOOConfig
 
 
@@ -14,6 +15,6 @@ def fields_markdown() -> str:
     for f in dataclasses.fields(RLOOConfig):
         if f.init:
             text = f.metadata["help"].replace("|", "\\|")
-            trl = "—" if f.metadata["trl"] is None else f"`{f.metadata['trl']}`"
+            trl = "—" if trl_name(f) is None else f"`{trl_name(f)}`"
             rows.append(f"| `{f.name}` | `{f.default!r}` | {text} | {trl} |")
     return "\n".join(rows)

@@ -15,11 +15,25 @@ from typing import Any
 from rloo.config.optimizers import OPTIMIZERS
 from rloo.config.presets import PRESETS
 
+# each option's TRL counterpart, by its dataclass Field (read with trl_name). Not in the field's
+# metadata: transformers' HfArgumentParser (and TRL's TrlParser) pass every metadata key to
+# argparse's add_argument, which refuses one it does not know
+_TRL_NAMES: dict[Any, str | None] = {}  # dataclasses.Field hashes by identity
+
 
 def option(default: Any, help: str, *, trl: str | None = None) -> Any:
-    """A constructor field with its documentation: ``help`` (what it does, unit, range) and ``trl``,
-    the TRL 1.13 ``RLOOConfig``/``TrainingArguments`` field that means the same (None: no counterpart)."""
-    return field(default=default, metadata={"help": help, "trl": trl})
+    """A constructor field with its documentation: ``help`` (what it does, unit, range; the only
+    metadata key, as argparse reads it) and ``trl``, the TRL 1.13 ``RLOOConfig``/``TrainingArguments``
+    field that means the same (None: no counterpart; :func:`trl_name`)."""
+    declared = field(default=default, metadata={"help": help})
+    _TRL_NAMES[declared] = trl
+    return declared
+
+
+def trl_name(declared: Any) -> str | None:
+    """The TRL field a field of :class:`RLOOFields` (a ``dataclasses.Field``) means the same as; None: none.
+    A ``KeyError`` for a field not declared with :func:`option`."""
+    return _TRL_NAMES[declared]
 
 
 @dataclass

@@ -75,12 +75,22 @@ _KINDS = {
 }
 
 
+def declared_annotation(cls: type, name: str) -> str:
+    """Field ``name``'s annotation as written in its class body. Not ``Field.type``: transformers'
+    HfArgumentParser (TRL's TrlParser) rewrites that in place, to the resolved type without ``| None``."""
+    for klass in cls.__mro__:
+        annotation = vars(klass).get("__annotations__", {}).get(name)
+        if annotation is not None:
+            return annotation if isinstance(annotation, str) else str(annotation)
+    raise KeyError(name)
+
+
 def _check_types(config: RLOOConfig) -> None:
     """Each field holds its declared type (``num_generations="4"`` is a string, not a count)."""
     for item in dataclasses.fields(config):
         if not item.init:
             continue
-        value, annotation = getattr(config, item.name), str(item.type)
+        value, annotation = getattr(config, item.name), declared_annotation(type(config), item.name)
         if value is None and "None" in annotation:
             continue
         kind = annotation.replace(" | None", "").split("[")[0].strip()

@@ -223,3 +223,10 @@ def test_gradient_variance_is_drawn_when_logged_and_left_out_silently_when_not(t
     assert 'alt="Variance reduction vs no baseline: 1 - Var[used] / Var[none]"' in text
     off = _minimal_run(tmp_path / "off", [{"step": 1.0, "reward": 0.5}]).read_text()
     assert "log_grad_variance" not in off and "Learning signal" not in off  # opt-in: no note either
+
+
+def test_the_end_of_run_summary_is_no_missing_loss() -> None:
+    """A finished run's last row is transformers' summary (train_loss, no loss): no NaN/inf alarm."""
+    rows = [row for row in healthy_metrics() if "eval_reward" not in row]
+    summary = {"step": rows[-1]["step"], "train_loss": 0.01, "train_runtime": 12.0, "train_steps_per_second": 1.6}
+    assert diagnose([*rows, summary]) == []

@@ -9,6 +9,7 @@ import pytest
 
 from rloo.config import RLOOConfig
 from rloo.config.docs import fields_markdown
+from rloo.config.fields import trl_name
 from tests.helpers.paths import REPO
 
 README = REPO / "README.md"
@@ -29,8 +30,9 @@ def readme_block() -> str:
 @pytest.mark.parametrize("f", constructor_fields(), ids=lambda f: f.name)
 def test_every_field_is_documented(f: dataclasses.Field[object]) -> None:
     assert len(f.metadata.get("help", "").strip()) >= 20, f"{f.name}: declare it with option(default, help, trl=...)"
-    assert "trl" in f.metadata, f"{f.name}: give trl=<TRL field name> or trl=None"
-    assert f.metadata["trl"] is None or re.fullmatch(r"\w+( \(\w+\))?", f.metadata["trl"]), f.metadata["trl"]
+    assert set(f.metadata) == {"help"}, f"{f.name}: argparse (HfArgumentParser) takes help only, got {set(f.metadata)}"
+    trl = trl_name(f)  # a KeyError: not declared with option(default, help, trl=...)
+    assert trl is None or re.fullmatch(r"\w+( \(\w+\))?", trl), trl
 
 
 def test_readme_table_is_generated_from_the_metadata() -> None:
