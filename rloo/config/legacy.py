@@ -121,3 +121,30 @@ def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:
         stacklevel=3,
     )
     return reward_model
+
+
+def check_trainer_arguments(
+    optimizers: Any, quantization_config: Any, tools: Any, rollout_func: Any, environment_factory: Any
+) -> None:
+    """TRL's ``RLOOTrainer`` / ``GRPOTrainer`` arguments rloo cannot honour yet, refused with the reason
+    and what to do; their defaults (``optimizers=(None, None)``, ``None``) are accepted, as TRL's own
+    script passes them."""
+    if tuple(optimizers or (None, None)) != (None, None):
+        raise ValueError(
+            "RLOOTrainer(optimizers=...) is not supported: rloo builds the optimizer and schedule itself (also "
+            "over FSDP-sharded parameters, which an optimizer built before sharding would not hold); set "
+            "RLOOConfig's optim, optim_args, learning_rate, weight_decay, lr_scheduler_type and warmup instead"
+        )
+    if quantization_config is not None:
+        raise ValueError(
+            "RLOOTrainer(quantization_config=...) is not supported: rloo does not train quantized (QLoRA) models "
+            "yet; load the model in bf16 (model_init_kwargs={'dtype': 'bfloat16'}) and train LoRA adapters"
+        )
+    given = [name for name, value in (("tools", tools), ("rollout_func", rollout_func)) if value is not None]
+    given += ["environment_factory"] if environment_factory is not None else []
+    if given:
+        raise ValueError(
+            f"RLOOTrainer({', '.join(f'{name}=...' for name in given)}) is not supported: rloo samples single-turn "
+            "rollouts only (no tool calls, custom rollout functions or environments yet); train single-turn, or "
+            "use TRL's GRPOTrainer for multi-turn rollouts"
+        )

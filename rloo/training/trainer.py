@@ -36,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixi
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
-from rloo.config.legacy import reward_funcs_or_reward_model
+from rloo.config.legacy import check_trainer_arguments, reward_funcs_or_reward_model
 from rloo.data.loading import column_names, load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
@@ -83,10 +83,19 @@ class RLOOTrainer:
         eval_dataset: Any = None,
         processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
         reward_processing_classes: Any = None,
-        peft_config: Any = None,
         callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        *,
+        tools: Any = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
         reward_model: Any = None,  # TRL's older name for reward_funcs
     ) -> None:
+        """TRL's ``RLOOTrainer`` arguments, in TRL's order; ``tools``, ``rollout_func``,
+        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused)."""
+        check_trainer_arguments(optimizers, quantization_config, tools, rollout_func, environment_factory)
         # the config is frozen: what is read here is what config.yaml records
         self.args = args = as_config(args)
         self.spec = args.algorithm

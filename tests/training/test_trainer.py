@@ -406,3 +406,49 @@ def test_reward_error_policy_skip_keeps_training_and_counts(tmp_path: Path) -> N
     assert "`sometimes_broken` failed or timed out" in (tmp_path / "run" / "warnings.log").read_text()
     with pytest.raises(RuntimeError, match="`sometimes_broken` failed on a batch of 8 completions: ConnectionError"):
         trainer(tmp_path / "raise", reward_funcs=[frac7, sometimes_broken], max_steps=1).train()
+
+
+TRL_RLOO_TRAINER_PARAMETERS = [  # TRL 1.16's RLOOTrainer.__init__, in order
+    "model",
+    "reward_funcs",
+    "args",
+    "train_dataset",
+    "eval_dataset",
+    "processing_class",
+    "reward_processing_classes",
+    "callbacks",
+    "optimizers",
+    "quantization_config",
+    "peft_config",
+]
+
+
+def test_trl_trainer_arguments_in_trls_order_and_their_defaults_accepted(tmp_path: Path) -> None:
+    import inspect
+
+    parameters = list(inspect.signature(RLOOTrainer.__init__).parameters)[1:]
+    assert parameters[: len(TRL_RLOO_TRAINER_PARAMETERS)] == TRL_RLOO_TRAINER_PARAMETERS
+    tok = make_tokenizer()
+    # TRL's script passes these, at their defaults
+    t = RLOOTrainer(
+        make_model(tok), frac7, config(tmp_path), dataset(), None, tok, None, None, (None, None), None, None
+    )
+    assert t.args.output_dir == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"optimizers": ("optimizer", None)}, r"optimizers=\.\.\.\) is not supported: rloo builds the optimizer"),
+        ({"quantization_config": "4bit"}, r"quantization_config=\.\.\.\) is not supported.*train LoRA adapters"),
+        ({"tools": [len]}, r"RLOOTrainer\(tools=\.\.\.\) is not supported: rloo samples single-turn"),
+        ({"rollout_func": len, "environment_factory": dict}, r"rollout_func=\.\.\., environment_factory=\.\.\.\)"),
+    ],
+)
+def test_trl_trainer_arguments_rloo_cannot_honour_are_refused_saying_why(
+    tmp_path: Path, keywords: dict[str, Any], message: str
+) -> None:
+    tok = make_tokenizer()
+    with pytest.raises(ValueError, match=message):
+        RLOOTrainer(make_model(tok), frac7, config(tmp_path), dataset(), processing_class=tok, **keywords)
+    assert not (tmp_path / "run").exists()
