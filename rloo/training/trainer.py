@@ -55,7 +55,15 @@ from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.metrics import eval_metrics, headline_eval_reward
 from rloo.training.monitoring.grad_variance import GradVarianceProbe
 from rloo.training.monitoring.health import Alert, HealthMonitor
-from rloo.training.monitoring.logs import MetricsSink, RunWarnings, log_line, mean_metrics, run_summary, train_summary
+from rloo.training.monitoring.logs import (
+    MetricsSink,
+    RunWarnings,
+    device_text,
+    log_line,
+    mean_metrics,
+    run_summary,
+    train_summary,
+)
 from rloo.training.monitoring.nonfinite import SKIPPED_STEP
 from rloo.training.monitoring.progress import TrainingProgress
 from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted
@@ -241,7 +249,7 @@ class RLOOTrainer:
 
     def _announce(self) -> None:
         self.console.print(self.args.describe_algorithm())
-        where = f"{self.accelerator.device} ({self.accelerator.mixed_precision}{', FSDP2' * self.ranks.lockstep})"
+        where = device_text(self.accelerator.device, self.accelerator.mixed_precision, self.ranks.lockstep)
         parameters = count_parameters(self.model)
         self.console.print(run_summary(self.args, parameters, where, self.state.max_steps, self.ranks.world_size))
 

@@ -60,6 +60,13 @@ class MetricsSink:
             handle.write(json.dumps(logs) + "\n")
 
 
+def device_text(device: Any, mixed_precision: str, sharded: bool) -> str:
+    """Where a run trains, for its start-up line: ``cpu (fp32)``, ``cuda:0 (bf16, FSDP2)``
+    (accelerate's ``mixed_precision`` says ``no`` for full precision)."""
+    precision = {"no": "fp32"}.get(mixed_precision, mixed_precision)
+    return f"{device} ({precision}{', FSDP2' if sharded else ''})"
+
+
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
     """The start-up line: parameters, device and the batch shape (over every process)."""
     trainable, total = parameters

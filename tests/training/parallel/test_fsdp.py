@@ -143,7 +143,7 @@ def test_two_fsdp_processes_train_as_one_and_save_full_weights(tmp_path: Path) -
     assert_ok(python("tests/helpers/fsdp_runs.py", str(one)))
     result = torchrun("tests/helpers/fsdp_runs.py", str(two), extra_env=FSDP_ENV)
     assert_ok(result)
-    assert "(no, FSDP2)" in result.stderr + result.stdout  # it did shard
+    assert "(fp32, FSDP2)" in result.stderr + result.stdout  # it did shard
     for name in CASES:
         full_one, full_two = load_file(str(one / f"{name}.safetensors")), load_file(str(two / f"{name}.safetensors"))
         assert {k: v.shape for k, v in full_one.items()} == {k: v.shape for k, v in full_two.items()}, name
@@ -166,7 +166,7 @@ def test_fsdp_through_accelerate_launch_resumes_exactly_after_a_sigterm(tmp_path
     straight = write_run_file(tmp_path, tmp_path / "straight", max_steps=6)
     result = accelerate_fsdp(straight)
     assert_ok(result)
-    assert "(no, FSDP2)" in result.stderr + result.stdout
+    assert "(fp32, FSDP2)" in result.stderr + result.stdout
     stopped = write_run_file(tmp_path, tmp_path / "stopped", max_steps=6)
     result = accelerate_fsdp(stopped, env={"RLOO_TEST_SIGTERM_AT": "3"})
     assert result.returncode != 0 and "checkpoint saved" in result.stderr + result.stdout, result.stderr[-3000:]
