@@ -283,7 +283,8 @@ class RLOOTrainer:
     def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
         args, step = self.args, self.state.global_step
         batch = self.experience.train_batch(scored, logprobs)
-        batch.metrics[names.POLICY_VERSION] = float(step)
+        assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
+        batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
         if args.log_completions and step % args.logging_steps == 0:
             self.experience.log_completions(step, scored, batch.advantages)
