@@ -46,7 +46,7 @@ import yaml
 from rloo.cli.run_file import annotation_text
 from rloo.config import RLOOConfig
 from rloo.config.fields import trl_name
-from rloo.config.legacy import REFUSED, RENAMED
+from rloo.config.legacy import REFUSED, RENAMED, refusal_reason
 from rloo.suggest import unknown_name_error
 
 # TRL's script and ModelConfig fields rloo reads, by kind: "bool", "list", "dict" or "value"
@@ -146,6 +146,15 @@ def _kind(annotation: str) -> str:
     return "value"
 
 
+def unknown_flag(name: str, kinds: Mapping[str, str], where: str) -> ValueError:
+    """A flag that is no field: TRL's reason where rloo refuses a known TRL name (``--use_vllm``,
+    an older TRL name), else the closest flag."""
+    reason = refusal_reason(name)
+    if reason is not None:
+        return ValueError(f"`{where}{name}` is a TRL setting rloo does not support: {reason}")
+    return unknown_name_error("flag", name, kinds, where=where)
+
+
 def parse_tokens(tokens: list[str]) -> tuple[str | None, list[str], dict[str, Any]]:
     """``rloo train``'s arguments -> ``(run file, key=value overrides, TRL flags)``: a ``--flag``
     takes the tokens its kind says; ``key=value`` is an override; any other token is the run file."""
@@ -161,7 +170,7 @@ def parse_tokens(tokens: list[str]) -> tuple[str | None, list[str], dict[str, An
             name, sep, inline = token[2:].partition("=")
             name = name.replace("-", "_")
             if name not in kinds:
-                raise unknown_name_error("flag", name, kinds, where="--")
+                raise unknown_flag(name, kinds, where="--")
             values = [inline] if sep else []
             if not sep:
                 position, values = _take_values(tokens, position, kinds[name])
@@ -251,7 +260,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     kinds = flag_kinds()
     for key in values:
         if key not in kinds:
-            raise unknown_name_error("key", key, kinds, where=f"--config {path}: ")
+            raise unknown_flag(key, kinds, where=f"--config {path}: ")
     return values
 
 

@@ -30,6 +30,7 @@ RENAMED: dict[str, str] = {
     "cliprange": "epsilon",
     "num_ppo_epochs": "num_iterations",
     "response_length": "max_completion_length",
+    "exp_name": "run_name",  # TRL 0.22 renamed it
 }
 
 # older TRL name -> what to do instead (the rest of TRL v0.22.0's deprecated and removed names)
@@ -39,7 +40,6 @@ REFUSED: dict[str, str] = {
     "normalize_reward": "rloo does not whiten rewards; normalize_advantages=True whitens the advantages, "
     "which TRL 0.22 mapped it to",
     "total_episodes": "it counted completions; set max_steps (optimizer steps) or num_train_epochs",
-    "exp_name": "TRL 0.22 renamed it run_name, which rloo has no field for; output_dir names the run",
     "token_level_kl": "TRL 0.22 dropped it (the KL is per sequence); kl_placement puts it in the reward or the loss",
     "dataset_num_proc": "TRL 0.22 dropped it (it was unused); delete it",
     "local_rollout_forward_batch_size": "TRL 0.22 dropped it; rloo splits forward passes by max_logits_memory_mb",
@@ -53,14 +53,18 @@ REFUSED: dict[str, str] = {
 
 # today's TRL fields for engines rloo does not have: refused with the reason, never ignored
 UNSUPPORTED: dict[str, str] = {
-    "use_vllm": "rloo samples with its own KV-cached sampler, not vLLM (none on these machines); remove use_vllm "
-    "and every vllm_* setting",
+    "use_vllm": "rloo samples with its own KV-cached sampler, not vLLM; remove use_vllm and every vllm_* setting",
     "use_transformers_continuous_batching": "rloo samples with its own KV-cached sampler (one prefill per prompt "
     "shared by its K samples); remove it",
     "transformers_continuous_batching_config": "rloo samples with its own KV-cached sampler; remove it",
     "use_transformers_paged": "rloo samples with its own KV-cached sampler; remove it",
     "hub_token": "a token would be written to config.yaml; set HF_TOKEN or run `hf auth login` instead",
 }
+
+
+def refusal_reason(name: str) -> str | None:
+    """Why rloo refuses a TRL name that is no field (an older TRL name, an engine it does not have), or None."""
+    return REFUSED.get(name) or unsupported_reason(name)
 
 
 def unsupported_reason(name: str) -> str | None:

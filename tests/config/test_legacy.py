@@ -32,6 +32,7 @@ OLDER: list[tuple[str, Any]] = [
     ("cliprange", 0.3),
     ("num_ppo_epochs", 2),
     ("response_length", 64),
+    ("exp_name", "my-run"),
 ]
 
 
