@@ -28,10 +28,6 @@ KL_FLOOR = 0.05  # with the first value floored here: at step 1 the KL is ~0 (po
 EMPTY_LENGTH = 1.0  # mean completion length at or below this (EOS counts) is an empty output
 
 
-def _threshold(symptom: str) -> float:
-    return SYMPTOMS[symptom].threshold
-
-
 def training_rows(rows: Rows) -> Rows:
     """The training logs: rows of ``metrics.jsonl`` that are neither evaluation logs nor the end-of-run
     summary (``train_loss``, ``train_runtime``, ...: no per-step ``loss``, which is no missing loss)."""
@@ -65,7 +61,7 @@ def _recent(rows: Rows, key: str) -> float | None:
 
 def _zero_std_groups(rows: Rows) -> str | None:
     recent = _recent(rows, names.FRAC_REWARD_ZERO_STD)
-    if recent is None or recent <= _threshold("no_signal"):
+    if recent is None or recent <= SYMPTOMS["no_signal"].threshold:
         return None
     observed = f"most groups have identical rewards ({names.FRAC_REWARD_ZERO_STD} = {recent:.2f} recently)"
     return finding("no_signal", observed + ": no learning signal")
@@ -73,7 +69,7 @@ def _zero_std_groups(rows: Rows) -> str | None:
 
 def _clipped_completions(rows: Rows) -> str | None:
     recent = _recent(rows, names.CLIPPED_RATIO)
-    if recent is None or recent <= _threshold("clipped_completions"):
+    if recent is None or recent <= SYMPTOMS["clipped_completions"].threshold:
         return None
     observed = f"most completions hit max_completion_length ({names.CLIPPED_RATIO} = {recent:.2f} recently)"
     return finding("clipped_completions", observed)
@@ -92,7 +88,7 @@ def _growing_kl(rows: Rows) -> str | None:
 
 def _collapsed_reward_std(rows: Rows) -> str | None:
     recent = _recent(rows, names.REWARD_STD)
-    if recent is None or recent > _threshold("constant_reward"):
+    if recent is None or recent > SYMPTOMS["constant_reward"].threshold:
         return None
     return finding("constant_reward", f"{names.REWARD_STD} collapsed to 0: every completion gets the same reward")
 

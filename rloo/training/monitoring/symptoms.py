@@ -81,7 +81,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "nonfinite": Symptom(
         "lower learning_rate, keep max_grad_norm > 0, check the rewards (rewards/<name>/nonfinite) "
         "and, on a GPU, try fp32 instead of bf16",
-        0.0,
+        0.0,  # non-finite steps tolerated: any NaN/inf loss or gradient is the symptom
     ),
 }
 
