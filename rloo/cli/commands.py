@@ -155,7 +155,11 @@ def evaluate(
     run_file: Path = typer.Option(
         None, help="A run file (e.g. RUN_DIR/config.yaml): its rewards, weights, dataset and lengths are the defaults."
     ),
-    split: str = typer.Option("test", help="Dataset split (without --run-file)."),
+    split: str = typer.Option(
+        None,
+        help="Dataset split \\[default: with --dataset, test (a file: the file); with --run-file, its eval_dataset's, "
+        "else its training split, with a warning].",
+    ),
     name: str = typer.Option(None, help="The hub dataset's configuration, e.g. main for openai/gsm8k."),
     as_chat: bool = typer.Option(
         None, "--as-chat/--as-text", help="Text prompts as a user message (rendered with the chat template)."
@@ -168,17 +172,18 @@ def evaluate(
     max_completion_length: int = typer.Option(None, help="Max new tokens per completion [256]."),
     temperature: float = typer.Option(None, help="Sampling temperature [1.0]."),
     limit: int = typer.Option(None, help="Evaluate only the first N prompts."),
-    success_threshold: float = typer.Option(1.0, help="A completion counts as correct when its reward >= this."),
+    success_threshold: float = typer.Option(
+        1.0, help="Report the share of completions whose combined (weighted) reward is >= this."
+    ),
     batch_size: int = typer.Option(64, help="Prompts generated at once."),
     output: Path = typer.Option(None, help="Also write the results as JSON here."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
 ) -> None:
-    """Mean reward and accuracy of a model, greedy and sampled (pass@K), scored as in training."""
-    from rloo.cli.evaluate import evaluate_model
-    from rloo.cli.run_file import eval_inputs
+    """Each reward function's score of a model, greedy and sampled (pass@K), scored as in training."""
+    from rloo.cli.evaluate import describe_source, eval_inputs, evaluate_model, results_table
 
     with _one_line_errors():
-        data, rewards, settings = eval_inputs(
+        inputs = eval_inputs(
             run_file,
             dataset=dataset,
             split=split,
@@ -196,17 +201,18 @@ def evaluate(
             as_chat=as_chat,
             system_prompt=system_prompt,
         )
-        result = evaluate_model(model, data, rewards, settings)
-    temperature, k = settings.temperature, settings.num_generations
-    table = Table(title=f"{model} on {dataset or run_file} ({result['num_prompts']} prompts)")
-    for heading in ("decoding", "mean reward", "accuracy"):
-        table.add_column(heading, justify="right" if heading != "decoding" else "left")
-    table.add_row("greedy", f"{result['greedy_mean_reward']:.4f}", f"{result['greedy_accuracy']:.1%}")
-    table.add_row(
-        f"sampled (T={temperature})", f"{result['sampled_mean_reward']:.4f}", f"{result['sampled_accuracy']:.1%}"
-    )
-    table.add_row(f"pass@{k}", "", f"{result['pass_at_k']:.1%}")
-    console.print(table)
+        described = describe_source(inputs.source)
+        if inputs.on_training_data:
+            errors.print(
+                f"[bold yellow]warning:[/bold yellow] {escape(str(run_file))} has no eval_dataset: evaluating on "
+                f"its TRAINING data ({escape(described)}); choose other prompts with --split NAME or --dataset PATH",
+                highlight=False,
+            )
+        result = evaluate_model(model, inputs.data, inputs.rewards, inputs.settings)
+    source = {**inputs.source.to_dict(), "training_data": inputs.on_training_data}
+    result = {"model": model, "dataset": source, **result}
+    title = f"{model} on {described}{' (TRAINING data)' if inputs.on_training_data else ''}"
+    console.print(results_table(result, f"{escape(title)} ({result['num_prompts']} prompts)"))
     console.print_json(json.dumps(result))
     if output is not None:
         output.write_text(json.dumps(result, indent=1))

@@ -1,18 +1,27 @@
-"""``rloo eval``: mean reward and accuracy of a model, greedy and sampled (pass@K).
+"""``rloo eval``: each reward function's score of a model, greedy and sampled (pass@K).
 
 Completions are generated and scored by :func:`rloo.pipeline.generate_and_score`, the same
 pipeline training uses, with the same reward weights: a run file given with ``--run-file``
 reports the rewards ``rloo train`` logged for it.
+
+Each reward function is reported on its own (its mean; for a reward that is 0 or 1 on every
+completion, the share of 1s and pass@K), beside the combined (weighted) reward and the share of
+completions whose combined reward reaches ``--success-threshold``. That share is called what it
+is, never "accuracy": with a format reward beside an accuracy reward, a model that never answers
+right can pass the threshold on format alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from rloo.data.loading import DatasetSource, holds_one_split
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, generate_and_score
 from rloo.rewards.calling import RewardFunctions
@@ -20,8 +29,8 @@ from rloo.rewards.calling import RewardFunctions
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """K samples per prompt (``num_generations``), their length limit and temperature; a
-    completion is correct when its combined reward is at least ``success_threshold``."""
+    """K samples per prompt (``num_generations``), their length limit and temperature; the share of
+    completions whose combined reward is at least ``success_threshold`` is reported."""
 
     num_generations: int = 4
     max_completion_length: int = 256
@@ -49,12 +58,103 @@ class EvalSettings:
                 raise ValueError(f"{option}={value} is invalid: it must be {rule}")
 
 
+@dataclass(frozen=True)
+class EvalInputs:
+    """What ``rloo eval`` scores: the prompts and where they come from, the rewards, the settings.
+    ``on_training_data``: the run file has no ``eval_dataset`` and its training prompts are used."""
+
+    data: Any
+    source: DatasetSource
+    rewards: RewardFunctions
+    settings: EvalSettings
+    on_training_data: bool = False
+
+
+def eval_inputs(
+    run_file: str | Path | None,
+    *,
+    dataset: str | None,
+    split: str | None,
+    columns: dict[str, str] | None,
+    limit: int | None,
+    rewards: list[str] | None,
+    weights: list[float] | None,
+    num_generations: int | None,
+    max_completion_length: int | None,
+    temperature: float | None,
+    success_threshold: float,
+    batch_size: int,
+    seed: int,
+    name: str | None = None,
+    as_chat: bool | None = None,
+    system_prompt: str | None = None,
+) -> EvalInputs:
+    """The inputs of ``rloo eval``: a command-line value wins, then the run file's (its eval_dataset,
+    else its dataset; its rewards with their weights; its lengths and temperature), then the
+    defaults. ``split``, ``columns``, ``limit``, ``name``, ``as_chat`` and ``system_prompt``, given,
+    override the run file's dataset settings."""
+    from rloo.cli.run_file import load_run_file
+    from rloo.rewards.resolve import resolve_rewards
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit={limit} is invalid: it must be >= 1 (prompts evaluated)")
+    run = load_run_file(run_file) if run_file is not None else None
+    given: dict[str, Any] = {"split": split, "columns": columns, "limit": limit, "name": name}
+    given |= {"as_chat": as_chat, "system_prompt": system_prompt}
+    changes = {key: value for key, value in given.items() if value is not None}
+    if dataset is not None:
+        # a file (or saved Dataset) holds one split; elsewhere the default is the test split, never train
+        default = {"split": "train" if holds_one_split(dataset) else "test"}
+        source, on_training_data = DatasetSource(path=dataset, **{**default, **changes}), False
+    elif run is not None:
+        source = dataclasses.replace(run.eval_dataset or run.dataset, **changes)
+        on_training_data = run.eval_dataset is None and (source.path, source.name, source.split) == (
+            run.dataset.path,
+            run.dataset.name,
+            run.dataset.split,
+        )
+    else:
+        raise ValueError("give --dataset, or --run-file with a dataset")
+    if rewards is None and run is None:
+        raise ValueError("give --reward (once per reward function), or --run-file")
+    specs = rewards if rewards is not None else run.reward_funcs  # type: ignore[union-attr]
+    if weights is None and rewards is None and run is not None:
+        weights = list(run.config.reward_weights) if run.config.reward_weights is not None else None
+    if weights is not None and len(weights) != len(specs):
+        raise ValueError(f"got {len(weights)} --reward-weight values for {len(specs)} rewards; give one per reward")
+    config = run.config if run is not None else None
+    settings = EvalSettings(
+        num_generations=_first(num_generations, config and config.num_generations, EvalSettings.num_generations),
+        max_completion_length=_first(
+            max_completion_length, config and config.max_completion_length, EvalSettings.max_completion_length
+        ),
+        temperature=_first(temperature, config and config.temperature, EvalSettings.temperature),
+        success_threshold=success_threshold,
+        batch_size=batch_size,
+        seed=seed,
+        max_prompt_length=config.max_prompt_length if config else None,
+    )
+    scorers = RewardFunctions(resolve_rewards(specs), weights)
+    return EvalInputs(source.load("--column"), source, scorers, settings, on_training_data)
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 and 0.0 count: ``--temperature 0`` is greedy)."""
+    return next(value for value in values if value is not None)
+
+
+def describe_source(source: DatasetSource) -> str:
+    """``path (name), split S``; a file or a saved Dataset holds one split, so no split is named."""
+    name = f" ({source.name})" if source.name else ""
+    return f"{source.path}{name}" if holds_one_split(source.path) else f"{source.path}{name}, split {source.split}"
+
+
 def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: EvalSettings) -> dict[str, Any]:
     """Load a model (folder, checkpoint or hub id) and score its completions on ``data``.
 
     The combined reward is the weighted sum over the reward functions that apply (NaN where
-    none does), as in training; pass@K is the share of prompts with at least one correct
-    completion among ``num_generations``.
+    none does), as in training. ``greedy`` and ``sampled`` hold :func:`summarize`'s numbers;
+    ``sampled`` adds pass@K: the share of prompts with at least one success among K samples.
     """
     from rloo.data.prompts import gather_columns
     from rloo.training.setup.models import load_policy, load_processing_class
@@ -64,41 +164,124 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     tokenizer = load_processing_class(model, None, policy, [data])  # a processor for prompts with images
     rewards.to(policy.device)
     generator = torch.Generator(device=policy.device).manual_seed(settings.seed)
-    greedy_settings = RolloutSettings(
-        1, settings.max_completion_length, SamplingParams(top_k=1), settings.max_prompt_length
-    )
-    sampled_settings = RolloutSettings(
-        settings.num_generations,
-        settings.max_completion_length,
-        SamplingParams(settings.temperature),
-        settings.max_prompt_length,
-    )
-    greedy: list[torch.Tensor] = []
-    sampled: list[torch.Tensor] = []
+    k, length, prompt_length = settings.num_generations, settings.max_completion_length, settings.max_prompt_length
+    decodings = {
+        "greedy": RolloutSettings(1, length, SamplingParams(top_k=1), prompt_length),
+        "sampled": RolloutSettings(k, length, SamplingParams(settings.temperature), prompt_length),
+    }
+    combined: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}
+    scores: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}
     with torch.no_grad():
         for start in range(0, len(data), settings.batch_size):
             indices = list(range(start, min(start + settings.batch_size, len(data))))
             prompts, columns = [data[i]["prompt"] for i in indices], gather_columns(data, indices)
-            for out, rollout_settings in ((greedy, greedy_settings), (sampled, sampled_settings)):
+            for name, rollout_settings in decodings.items():
                 scored = generate_and_score(
                     policy, tokenizer, prompts, columns, rewards, rollout_settings, generator=generator
                 )
-                out.append(scored.rewards.rewards_or_nan().cpu())
-    g, s = torch.cat(greedy), torch.cat(sampled).view(-1, settings.num_generations)
-    ok = settings.success_threshold
+                combined[name].append(scored.rewards.rewards_or_nan().cpu())
+                scores[name].append(scored.rewards.scores.values.cpu())
+    grouped = {
+        name: (torch.cat(combined[name]).view(-1, size), torch.cat(scores[name]).view(-1, size, len(rewards.names)))
+        for name, size in (("greedy", 1), ("sampled", k))
+    }
+    binary = _binary_rewards(torch.cat([values.flatten(0, 1) for _, values in grouped.values()]))
     return {
         "model": model,
         "num_prompts": len(data),
         "num_generations": settings.num_generations,
+        "temperature": settings.temperature,
+        "success_threshold": settings.success_threshold,
         "reward_functions": rewards.names,
         "reward_weights": rewards.weights.tolist(),
-        "greedy_mean_reward": _nanmean(g),
-        "greedy_accuracy": float((g >= ok).float().mean()),
-        "sampled_mean_reward": _nanmean(s),
-        "sampled_accuracy": float((s >= ok).float().mean()),
-        "pass_at_k": float((s >= ok).any(dim=1).float().mean()),
+        **{
+            name: summarize(total, values, rewards.names, binary, settings.success_threshold)
+            for name, (total, values) in grouped.items()
+        },
     }
+
+
+def _binary_rewards(values: torch.Tensor) -> list[bool]:
+    """``values: (N, F)``, NaN where a function does not apply: whether each function gave only
+    0s and 1s (and gave something), so that its share of 1s is worth reporting."""
+    applies = ~values.isnan()
+    zero_or_one = (values == 0) | (values == 1) | ~applies
+    return [bool(applies[:, f].any() and zero_or_one[:, f].all()) for f in range(values.shape[1])]
+
+
+def summarize(
+    combined: torch.Tensor, scores: torch.Tensor, names: list[str], binary: list[bool], threshold: float
+) -> dict[str, Any]:
+    """The numbers of P prompts x K completions.
+
+    Args:
+        combined: ``(P, K)`` combined rewards, NaN where no function applies (never a success).
+        scores: ``(P, K, F)`` each function's rewards, NaN where it does not apply.
+        binary: per function, whether it is 0/1-valued (:func:`_binary_rewards`).
+
+    Returns ``combined_mean``, ``combined_at_least_threshold`` (share of completions), per function
+    ``rewards[name]``: ``mean`` and ``scorable`` (over the completions it applies to / the share it
+    applies to), for a binary one ``fraction_of_ones`` (of all completions); with K > 1,
+    ``pass_at_k``: per prompt, any of K completions a success / a 1, for the combined reward and
+    each binary function.
+    """
+    success = combined >= threshold  # NaN compares False
+    summary: dict[str, Any] = {
+        "combined_mean": _nanmean(combined),
+        "combined_at_least_threshold": _share(success),
+        "rewards": {},
+    }
+    for f, name in enumerate(names):
+        values = scores[..., f]
+        entry = {"mean": _nanmean(values), "scorable": _share(~values.isnan())}
+        summary["rewards"][name] = entry | ({"fraction_of_ones": _share(values == 1)} if binary[f] else {})
+    if combined.shape[1] > 1:
+        ones = {name: _share((scores[..., f] == 1).any(dim=1)) for f, name in enumerate(names) if binary[f]}
+        summary["pass_at_k"] = {"combined_at_least_threshold": _share(success.any(dim=1)), **ones}
+    return summary
+
+
+def _share(mask: torch.Tensor) -> float:
+    return float(mask.float().mean())
 
 
 def _nanmean(values: torch.Tensor) -> float:
     return float(values.nanmean()) if (~values.isnan()).any() else float("nan")
+
+
+def results_table(result: dict[str, Any], title: str) -> Any:
+    """A ``rich`` table: a row per decoding (greedy, sampled, pass@K), a column per reward function
+    (the share of 1s of a 0/1 reward, else the mean), then the combined reward's mean and the share
+    of completions at the threshold."""
+    from rich.table import Table
+
+    names, threshold = result["reward_functions"], result["success_threshold"]
+    binary = ["fraction_of_ones" in result["greedy"]["rewards"][name] for name in names]
+    weights = ", ".join(f"{weight:g}" for weight in result["reward_weights"])
+    caption = (
+        "% = 1: share of completions a 0/1 reward scored 1. combined: the rewards' weighted sum "
+        f"(weights {weights}). pass@{result['num_generations']}: share of prompts with a 1, or a combined "
+        f"reward >= {threshold:g}, among {result['num_generations']} samples."
+    )
+    table = Table(title=title, caption=caption)
+    table.add_column("decoding")
+    for name, is_binary in zip(names, binary, strict=True):
+        table.add_column(f"{name}\n({'% = 1' if is_binary else 'mean'})", justify="right")
+    table.add_column("combined\n(mean)", justify="right")
+    table.add_column(f"combined reward\n>= {threshold:g}", justify="right")
+
+    def row(summary: dict[str, Any]) -> list[str]:
+        cells = [
+            f"{entry['fraction_of_ones']:.1%}" if is_binary else f"{entry['mean']:.4f}"
+            for entry, is_binary in zip((summary["rewards"][name] for name in names), binary, strict=True)
+        ]
+        return [*cells, f"{summary['combined_mean']:.4f}", f"{summary['combined_at_least_threshold']:.1%}"]
+
+    table.add_row("greedy", *row(result["greedy"]))
+    table.add_row(f"sampled (T={result['temperature']:g})", *row(result["sampled"]))
+    pass_at_k = result["sampled"].get("pass_at_k")
+    if pass_at_k is not None:
+        cells = [f"{pass_at_k[name]:.1%}" if name in pass_at_k else "" for name in names]
+        combined = f"{pass_at_k['combined_at_least_threshold']:.1%}"
+        table.add_row(f"pass@{result['num_generations']}", *cells, "", combined)
+    return table

@@ -147,6 +147,25 @@ def _take_split(data: datasets.DatasetDict, split: str) -> datasets.Dataset:
     return data[split]
 
 
+def holds_one_split(path: str | os.PathLike[str]) -> bool:
+    """Whether a local path holds one split (a file, a folder of a saved ``Dataset``), not several
+    (a saved ``DatasetDict``); a hub id is neither local nor known to hold one split."""
+    local = Path(path)
+    return local.is_file() or (local.is_dir() and not (local / "dataset_dict.json").exists())
+
+
+def _one_split(dataset: datasets.Dataset, split: str, what: str) -> datasets.Dataset:
+    """A source holding one split (a file, a saved ``Dataset``) answers to its own split's name and
+    to ``train`` (the default); any other name is a typo or a wrong guess, never silently ignored."""
+    own = str(dataset.split) if dataset.split is not None else "train"
+    if split not in (own, "train"):
+        raise ValueError(
+            f"split {split!r} not found; available splits: {own} ({what} holds one split): drop the split, "
+            "or give a folder written by DatasetDict.save_to_disk (or a hub id) to choose among splits"
+        )
+    return dataset
+
+
 def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
     if not path.exists() and (path.is_absolute() or path.suffix or str(path).startswith(".")):
         raise FileNotFoundError(f"prompt data path {str(path)!r} does not exist")
@@ -167,42 +186,64 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             return _take_split(loaded, split)
-        return loaded
+        return _one_split(loaded, split, f"{str(path)!r}, a saved Dataset,")
     builder = _FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
         raise ValueError(f"cannot load prompts from a {path.suffix or 'suffix-less'} file; give {ACCEPTED_DATA}")
     if path.stat().st_size == 0:
         raise ValueError(f"prompt data file {str(path)!r} is empty; give a file with one prompt per row")
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:  # malformed JSON lines, an empty file, a broken parquet file
         cause = error.__cause__ or error
         raise ValueError(
             f"could not read {str(path)!r} as {path.suffix[1:]} ({type(cause).__name__}: {cause}); "
             "check that it is a valid, non-empty file with a `prompt` column"
         ) from error
+    return _one_split(loaded, split, f"{str(path)!r}, a single file,")
 
 
 # ---------------------------------------------------------------------------- validation
 
 
-def validate_prompt_dataset(dataset: datasets.Dataset) -> None:
+def validate_prompt_dataset(dataset: datasets.Dataset, key: str = "dataset") -> None:
     """Raise ``ValueError`` if ``dataset`` is empty, has no ``prompt`` column or a bad prompt.
 
     All rows are checked; the message names the first bad one and how many are bad. A streaming
-    dataset is checked for its ``prompt`` column only (where its features are known).
+    dataset is checked for its ``prompt`` column only (where its features are known). ``key``: the
+    run-file key (``dataset``, ``eval_dataset``) or option (``--column``) a rename goes under.
     """
     if isinstance(dataset, datasets.IterableDataset):
         names = dataset.column_names
         if names is not None and PROMPT_COLUMN not in names:
-            raise ValueError(f"dataset has no `prompt` column (columns: {', '.join(names)}); rename it to `prompt`")
+            raise missing_prompt_column(list(names), key)
         return
     if len(dataset) == 0:
         raise ValueError("the prompt dataset is empty")
     if PROMPT_COLUMN not in dataset.column_names:
-        columns = ", ".join(dataset.column_names)
-        raise ValueError(f"dataset has no `prompt` column (columns: {columns}); rename the prompt column to `prompt`")
+        raise missing_prompt_column(dataset.column_names, key)
     check_prompts(dataset[PROMPT_COLUMN])
+
+
+# where prompts are most often stored, for the rename a missing `prompt` column suggests
+PROMPT_LIKE_COLUMNS = ("question", "problem", "query", "instruction", "input", "text", "messages", "conversations")
+
+
+def missing_prompt_column(columns: list[str], key: str = "dataset") -> ValueError:
+    """No ``prompt`` column: the columns, and the rename in Python and on the command line
+    (``rloo eval --column old=prompt`` for ``key="--column"``, else the run file's ``key.columns``)."""
+    old = next((name for name in PROMPT_LIKE_COLUMNS if name in columns), columns[0] if columns else "question")
+    if key.startswith("--"):
+        command_line = f"{key} {old}=prompt on the command line"
+    else:
+        command_line = (
+            f"'{key}.columns={{{old}: prompt}}' on rloo train's command line (in a run file: "
+            f"`columns: {{{old}: prompt}}` under `{key}:`)"
+        )
+    return ValueError(
+        f"dataset has no `prompt` column (columns: {', '.join(columns)}); rename the prompt column to `prompt`: "
+        f"{command_line}, or dataset.rename_column({old!r}, 'prompt') in Python"
+    )
 
 
 def check_prompts(prompts: list[Any]) -> None:
@@ -329,8 +370,9 @@ class DatasetSource:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def load(self) -> datasets.Dataset:
-        """The prompts, renamed, limited and (``as_chat``) turned into conversations, then checked."""
+    def load(self, key: str = "dataset") -> datasets.Dataset:
+        """The prompts, renamed, limited and (``as_chat``) turned into conversations, then checked;
+        ``key``: where a rename goes (:func:`missing_prompt_column`)."""
         raw = load_dataset(self.path, self.split, self.name)
         if self.columns:
             missing = [c for c in self.columns if c not in raw.column_names]
@@ -340,8 +382,10 @@ class DatasetSource:
         if self.limit is not None:
             raw = raw.select(range(min(self.limit, len(raw))))
         if self.as_chat:
+            if PROMPT_COLUMN not in raw.column_names:
+                raise missing_prompt_column(raw.column_names, key)
             raw = raw.map(lambda row: {PROMPT_COLUMN: self._as_chat(row[PROMPT_COLUMN])})
-        validate_prompt_dataset(raw)
+        validate_prompt_dataset(raw, key)
         return raw
 
     def _as_chat(self, text: str) -> list[dict[str, str]]:

@@ -180,7 +180,8 @@ def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Pa
         assert "pass@2" in result.stdout
         scores = json.loads(output.read_text())
         assert scores["num_prompts"] == 16
-        assert all(0.0 <= scores[key] <= 1.0 for key in ("greedy_accuracy", "pass_at_k"))
+        shares = scores["greedy"]["rewards"]["accuracy"]["fraction_of_ones"], scores["sampled"]["pass_at_k"]["accuracy"]
+        assert all(0.0 <= share <= 1.0 for share in shares)
 
 
 def test_eval_combines_rewards_with_the_run_files_weights(tmp_path: Path, files: dict[str, Path]) -> None:
@@ -195,7 +196,7 @@ def test_eval_combines_rewards_with_the_run_files_weights(tmp_path: Path, files:
     result = invoke("eval", "--model", files["model"], "--run-file", path, "--output", output, "--limit", "4")
     assert succeeded(result)
     scores = json.loads(output.read_text())
-    assert trained_reward == scores["greedy_mean_reward"] == scores["sampled_mean_reward"] == 2.5
+    assert trained_reward == scores["greedy"]["combined_mean"] == scores["sampled"]["combined_mean"] == 2.5
     assert scores["reward_weights"] == [2.0, 0.5] and scores["num_generations"] == 2
     weighted = invoke(
         "eval",
@@ -203,7 +204,7 @@ def test_eval_combines_rewards_with_the_run_files_weights(tmp_path: Path, files:
         *("--reward", one, "--reward", one, "--reward-weight", "3", "--reward-weight", "1", "--output", output),
     )
     assert succeeded(weighted)
-    assert json.loads(output.read_text())["greedy_mean_reward"] == 4.0
+    assert json.loads(output.read_text())["greedy"]["combined_mean"] == 4.0
     mismatched = invoke("eval", "--model", files["model"], "--run-file", path, "--reward-weight", "1")
     assert mismatched.exit_code == 2 and "1 --reward-weight values for 2 rewards" in flat(mismatched.stderr)
 
@@ -233,7 +234,7 @@ def test_eval_at_temperature_zero_is_greedy(tmp_path: Path, files: dict[str, Pat
     )
     assert succeeded(result)
     scores = json.loads(output.read_text())
-    assert scores["sampled_mean_reward"] == scores["greedy_mean_reward"]  # every sample is the greedy one
+    assert scores["sampled"]["combined_mean"] == scores["greedy"]["combined_mean"]  # every sample is the greedy one
 
 
 def test_eval_of_a_missing_reward_exits_2(files: dict[str, Path]) -> None:
@@ -404,7 +405,7 @@ def test_help_keeps_bracketed_defaults() -> None:
 
 def test_eval_formats_prompts_as_training_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--as-chat / --system-prompt turn text prompts into conversations; --name reaches the hub loader."""
-    from rloo.cli.run_file import eval_inputs
+    from rloo.cli.evaluate import eval_inputs
 
     data = tmp_path / "questions.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))
@@ -421,12 +422,12 @@ def test_eval_formats_prompts_as_training_did(tmp_path: Path, monkeypatch: pytes
         "batch_size": 4,
         "seed": 0,
     }
-    loaded, _, _ = eval_inputs(None, dataset=str(data), as_chat=True, system_prompt="Be brief.", **common)
+    loaded = eval_inputs(None, dataset=str(data), as_chat=True, system_prompt="Be brief.", **common).data
     assert loaded[0]["prompt"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "0+0="},
     ]
-    plain, _, _ = eval_inputs(None, dataset=str(data), **common)
+    plain = eval_inputs(None, dataset=str(data), **common).data
     assert plain[0]["prompt"] == "0+0="
 
     asked: dict[str, Any] = {}

@@ -331,3 +331,29 @@ def test_run_file_dataset_entries_are_type_checked(entry: dict[str, object], mes
     # before: `dataset.limit=abc` failed later with a raw TypeError traceback
     with pytest.raises(ValueError, match=re.escape(message)):
         DatasetSource.parse(entry, "dataset")
+
+
+def test_a_split_a_single_file_or_saved_dataset_lacks_is_refused(tmp_path: Path) -> None:
+    # before: `split: tset` on a file loaded the file as if no split were named, and trained on it
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in ROWS))
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+    for source in (path, tmp_path / "ds"):
+        assert len(load_prompt_dataset(source, split="train")) == 2  # the default names the one split
+        with pytest.raises(ValueError, match=r"split 'tset' not found; available splits: train \(.* holds one split\)"):
+            load_prompt_dataset(source, split="tset")
+        with pytest.raises(ValueError, match="split 'tset' not found"):
+            DatasetSource(path=str(source), split="tset").load()
+    held = datasets.Dataset.from_list(ROWS, split=datasets.Split.TEST)
+    held.save_to_disk(str(tmp_path / "held"))
+    assert len(load_prompt_dataset(tmp_path / "held", split="test")) == 2  # a saved split answers to its name
+
+
+def test_a_missing_prompt_column_names_the_rename_where_it_goes(tmp_path: Path) -> None:
+    path = tmp_path / "questions.jsonl"
+    path.write_text(json.dumps({"problem": "1+1=", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match=re.escape("'eval_dataset.columns={problem: prompt}' on rloo train's")):
+        DatasetSource(path=str(path)).load("eval_dataset")
+    # before: as_chat read the missing column and failed with a bare KeyError
+    with pytest.raises(ValueError, match=re.escape("--column problem=prompt on the command line")):
+        DatasetSource(path=str(path), as_chat=True).load("--column")

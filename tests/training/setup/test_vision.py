@@ -99,7 +99,7 @@ def test_rloo_eval_scores_a_saved_vision_language_model_on_prompts_with_images(t
     data = datasets.Dataset.from_list(image_rows(4))
     settings = EvalSettings(num_generations=2, max_completion_length=4, batch_size=4)
     result = evaluate_model(str(tmp_path / "llava"), data, RewardFunctions([token_id_sum]), settings)
-    assert result["num_prompts"] == 4 and math.isfinite(result["sampled_mean_reward"])
+    assert result["num_prompts"] == 4 and math.isfinite(result["sampled"]["combined_mean"])
 
 
 @pytest.mark.parametrize("family", ["text", "llava"])
