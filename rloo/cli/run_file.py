@@ -210,7 +210,21 @@ def load_run_file(
     keys from TRL's command-line flags: :mod:`rloo.cli.trl_args`), apply ``dotted.key=value``
     overrides, and check everything."""
     loaded = {} if path is None else read_run_file(path)
+    _refuse_trl_config(path, loaded)
     return parse_run(apply_overrides({**loaded, **(flags or {})}, overrides or []))
+
+
+def _refuse_trl_config(path: str | Path | None, loaded: dict[str, Any]) -> None:
+    """A TRL config (``model_name_or_path:``, ``dataset_name:``...) given where a run file goes: say
+    to pass it with ``--config``, as ``trl rloo`` takes it, rather than "needs `model`"."""
+    from rloo.cli.trl_args import TRL_SCRIPT_FIELDS  # it imports this module
+
+    trl_keys = [key for key in loaded if key in TRL_SCRIPT_FIELDS and key not in RUN_KEYS]
+    if trl_keys:
+        raise ValueError(
+            f"{str(path)!r} holds TRL's flags ({', '.join(trl_keys)}), not run-file keys: it is a TRL config; "
+            f"give it with --config, as trl rloo takes it: rloo train --config {path}"
+        )
 
 
 def read_run_file(path: str | Path) -> dict[str, Any]:
@@ -250,7 +264,7 @@ def build_trainer(run_file: RunFile) -> Any:
         reward_funcs=resolve_rewards(run_file.reward_funcs),
         args=run_file.config,
         train_dataset=run_file.dataset.load(),
-        eval_dataset=None if run_file.eval_dataset is None else run_file.eval_dataset.load(),
+        eval_dataset=None if run_file.eval_dataset is None else run_file.eval_dataset.load("eval_dataset"),
         peft_config=None if run_file.peft is None else build_peft_config(run_file.peft),
     )
     trainer.run_config = run_file.to_dict()

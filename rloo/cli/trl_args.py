@@ -15,7 +15,8 @@ TRL                                                         run file
 ``--dataset_name D --dataset_config C``                     ``dataset: {path: D, name: C,``
 ``--dataset_train_split S`` (default train)                 ``split: S}``
 ``--dataset_test_split T`` (with an ``eval_strategy``        ``eval_dataset`` (the same, split T)
-other than ``no``, as TRL's script)
+other than ``no``, as TRL's script, or ``--eval_steps N``
+alone: rloo's eval_strategy follows eval_steps)
 ``--reward_model_name_or_path R --reward_funcs a b``        ``reward_funcs: [R, a, b]`` (TRL's
                                                             names and dotted import paths read)
 ``--use_peft --lora_r 16 --lora_alpha 32 ...``              ``peft:`` (TRL's LoRA defaults)
@@ -300,12 +301,20 @@ def _set_once(run: dict[str, Any], key: str, value: Any, flag: str) -> None:
 
 
 def _datasets(run: dict[str, Any], values: Mapping[str, Any]) -> None:
-    """TRL's script: the train split, and the test split when an eval_strategy other than 'no' is set."""
+    """TRL's script: the train split, and the test split when the run evaluates: an eval_strategy other
+    than 'no', or (rloo's rule: RLOOConfig.evaluation_strategy) eval_steps without an eval_strategy."""
     source = {"path": values["dataset_name"], "name": values.get("dataset_config")}
     _set_once(run, "dataset", {**source, "split": values.get("dataset_train_split") or "train"}, "--dataset_name")
-    if values.get("eval_strategy") not in (None, "no"):
+    strategy = values.get("eval_strategy")
+    if strategy not in (None, "no") or (strategy is None and values.get("eval_steps") is not None):
         split = values.get("dataset_test_split") or "test"
         _set_once(run, "eval_dataset", {**source, "split": split}, "--dataset_test_split")
+    elif values.get("dataset_test_split") is not None:
+        warnings.warn(
+            f"--dataset_test_split {values['dataset_test_split']} ignored: nothing asks for evaluation; "
+            "add --eval_steps N to evaluate on it every N steps",
+            stacklevel=3,
+        )
 
 
 def _reward(name: Any) -> Any:

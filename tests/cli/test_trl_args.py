@@ -127,6 +127,68 @@ def test_no_eval_set_unless_an_eval_strategy_asks_as_trls_script() -> None:
     assert "eval_dataset" not in trl_to_run({"dataset_name": "d"})
 
 
+def test_eval_steps_evaluates_on_the_test_split_as_eval_strategy_follows_it() -> None:
+    # before: only an eval_strategy made the test split the eval set, so --dataset_test_split X
+    # --eval_steps N failed with "RLOOConfig.eval_steps=N needs an eval_dataset"
+    run = trl_to_run({"dataset_name": "d", "dataset_test_split": "validation", "eval_steps": 5})
+    assert run["eval_dataset"] == {"path": "d", "name": None, "split": "validation"}
+    assert "eval_dataset" not in trl_to_run({"dataset_name": "d", "eval_steps": 5, "eval_strategy": "no"})
+    with pytest.warns(UserWarning, match="--dataset_test_split validation ignored: nothing asks for evaluation"):
+        assert "eval_dataset" not in trl_to_run({"dataset_name": "d", "dataset_test_split": "validation"})
+
+
+def test_the_test_split_with_eval_steps_is_evaluated_on(tmp_path: Path, files: dict[str, Path]) -> None:
+    import datasets
+
+    rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(7)]
+    splits = {"train": datasets.Dataset.from_list(rows[:4]), "held": datasets.Dataset.from_list(rows[4:])}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "sums"))
+    result = invoke(
+        "train",
+        *("--model_name_or_path", files["model"], "--dataset_name", tmp_path / "sums", "--dataset_test_split", "held"),
+        *("--eval_steps", "1", "--reward_funcs", "tests.helpers.models.always_one", "--output_dir", tmp_path / "run"),
+        *("--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "4"),
+        *("--max_completion_length", "2", "--logging_steps", "1"),
+    )
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["eval_reward"] for row in metrics if "eval_reward" in row] == [1.0]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["eval_dataset"]["split"] == "held"
+
+
+def test_a_trl_config_given_as_the_run_file_suggests_config(tmp_path: Path) -> None:
+    # before: "the run file needs `model`", though the file names the model (as model_name_or_path)
+    config = tmp_path / "trl.yaml"
+    trl = {"model_name_or_path": "m", "dataset_name": "d", "reward_funcs": ["r"]}
+    config.write_text(yaml.safe_dump(trl, sort_keys=False))
+    result = invoke("train", config)
+    assert result.exit_code == 2
+    assert (
+        f"'{config}' holds TRL's flags (model_name_or_path, dataset_name), not run-file keys: it is a TRL config; "
+        f"give it with --config, as trl rloo takes it: rloo train --config {config}" in flat(result.stderr)
+    )
+
+
+def test_a_missing_prompt_column_names_the_override_that_maps_one(tmp_path: Path, files: dict[str, Path]) -> None:
+    from rloo.cli.run_file import load_run_file
+
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in range(2)))
+    flags = ["--model_name_or_path", files["model"], "--dataset_name", data, "--reward_funcs", "accuracy_reward"]
+    result = invoke("train", *flags, "--output_dir", tmp_path / "run")
+    assert result.exit_code == 2
+    message = flat(result.stderr)
+    assert "dataset has no `prompt` column (columns: question, answer)" in message
+    assert "'dataset.columns={question: prompt}' on rloo train's command line" in message
+    assert "`columns: {question: prompt}` under `dataset:`" in message
+    assert "dataset.rename_column('question', 'prompt') in Python" in message
+    # the override it names works
+    run = load_run_file(
+        None, ["dataset.columns={question: prompt}"], {"model": "m", "dataset": str(data), "reward_funcs": ["accuracy"]}
+    )
+    assert run.dataset.load()["prompt"] == ["0+1=", "1+1="]
+
+
 def test_lora_flags_without_use_peft_are_ignored_with_a_warning_as_in_trl() -> None:
     with pytest.warns(UserWarning, match="--lora_r, --lora_alpha ignored without --use_peft"):
         run = trl_to_run({"lora_r": 4, "lora_alpha": 8})
