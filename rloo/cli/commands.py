@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperCommand
 
+from rloo.training.monitoring.logs import log_console
+
 app = typer.Typer(help="rloo: online RL fine-tuning of causal LMs with REINFORCE Leave-One-Out.", no_args_is_help=True)
-console = Console()
-errors = Console(stderr=True)
+console = log_console()  # piped: no hard wrap at 80 columns
+errors = log_console(stderr=True)
 
 
 _options = {"debug": False}
@@ -126,7 +127,7 @@ def train(
 
     try:
         with _one_line_errors():
-            checkpoint = _checkpoint_path(resume_from, Path(run_file.config.output_dir))
+            checkpoint = _checkpoint_path(resume_from, run_file.config.output_dir)
             trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
         if trainer.ranks.distributed:  # every file is written: skip gloo's teardown at finalization
             from rloo.training.parallel.distributed import exit_process
@@ -135,11 +136,13 @@ def train(
     except KeyboardInterrupt as stop:
         # exit 128 + the signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); resume only from a checkpoint
         code = stop.exit_code if isinstance(stop, TrainingInterrupted) else 130
-        if latest_checkpoint(Path(run_file.config.output_dir)) is None:
+        # no output_dir: the fresh folder the trainer claimed is the checkpoint's
+        folder = stop.checkpoint.parent if isinstance(stop, TrainingInterrupted) else run_file.config.output_dir
+        if folder is None or latest_checkpoint(Path(folder)) is None:
             errors.print("stopped before any checkpoint was written: nothing to resume from", highlight=False)
         else:
             # config.yaml in the run folder records the whole run, overrides included
-            command = f"rloo train {Path(run_file.config.output_dir) / 'config.yaml'} --resume"
+            command = f"rloo train {Path(folder) / 'config.yaml'} --resume"
             errors.print(f"stopped. Resume with: {escape(command)}", highlight=False)
         raise typer.Exit(code) from None
 
@@ -218,13 +221,13 @@ def evaluate(
         output.write_text(json.dumps(result, indent=1))
 
 
-def _checkpoint_path(name: str | None, output_dir: Path) -> str | None:
+def _checkpoint_path(name: str | None, output_dir: str | None) -> str | None:
     """``--resume-from``: a checkpoint folder, or the name of one inside ``output_dir``."""
     if name is None:
         return None
-    path = Path(name) if Path(name).is_dir() else output_dir / name
+    path = Path(name) if Path(name).is_dir() or output_dir is None else Path(output_dir) / name
     if not path.is_dir():
-        raise ValueError(f"--resume-from {name!r}: no such checkpoint folder (looked in {output_dir} too)")
+        raise ValueError(f"--resume-from {name!r}: no such checkpoint folder (looked in {output_dir or '.'} too)")
     return str(path)
 
 
@@ -263,10 +266,10 @@ def demo(
     import time
 
     from rloo.cli.demo import DemoOptions, demo_table, run_demo
-    from rloo.cli.report import build_report
+    from rloo.training.checkpointing.run_folder import fresh_run_folder
 
     if output_dir is None:
-        output_dir = str(_free_folder(Path("runs/demo")))
+        output_dir = str(fresh_run_folder(Path("runs/demo")))  # a demo never overwrites a run
     elif Path(output_dir).exists() and any(Path(output_dir).iterdir()):
         raise _fail(f"{output_dir} already exists and is not empty; choose a new --output-dir (nothing was changed)")
     with _one_line_errors():
@@ -284,8 +287,7 @@ def demo(
         )
     start = time.perf_counter()
     result = run_demo(options, log=lambda text: errors.print(f"[bold]{text}[/bold]", highlight=False))
-    total = time.perf_counter() - start
-    build_report(result.output_dir)
+    total = time.perf_counter() - start  # the RLOO run wrote report.html
     console.print(demo_table(result, num_generations))
     summary: dict[str, Any] = {
         "accuracy": {name: acc.__dict__ for name, acc in result.rows.items()},
@@ -297,15 +299,6 @@ def demo(
         f"RLOO: {gain * 100:+.1f} points of greedy accuracy over the warm start, in {total:.0f} s in all. "
         f"Run folder: {result.output_dir} (report.html, metrics.jsonl, completions.jsonl, demo_results.json)"
     )
-
-
-def _free_folder(base: Path) -> Path:
-    """``base`` if unused, else ``base-2``, ``base-3``...: a demo never overwrites a run."""
-    candidate, n = base, 1
-    while candidate.exists() and any(candidate.iterdir()):
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
 
 
 @app.command()

@@ -272,19 +272,25 @@ def build_trainer(run_file: RunFile) -> Any:
 
 
 def train_from_run_file(run_file: RunFile, resume: bool | str, console: Any) -> Any:
-    """Train; afterwards (re)build the run report."""
-    from rloo.cli.report import build_report
+    """Train (``train()`` writes the run report too)."""
     from rloo.training.checkpointing.run_folder import check_fresh_run
 
+    output_dir = run_file.config.output_dir  # None: the trainer claims a fresh one
+    if resume and output_dir is None:
+        raise ValueError(
+            "resuming needs the run's folder, and output_dir is not set: rloo train RUN_FOLDER/config.yaml --resume "
+            "(its config.yaml names it), or add output_dir=RUN_FOLDER"
+        )
     # under torchrun / accelerate launch every process runs this; only the first touches files
     main = os.environ.get("RANK", "0") == "0"
-    if not resume and main:  # before the model loads: a refusal should be instant
-        check_fresh_run(Path(run_file.config.output_dir), run_file.config.overwrite_output_dir)
+    if not resume and main and output_dir is not None:  # before the model loads: a refusal should be instant
+        check_fresh_run(Path(output_dir), run_file.config.overwrite_output_dir)
     trainer = build_trainer(run_file)
     trainer.train(resume_from_checkpoint=resume or None)
+    report = trainer.output_dir / "report.html"
     if trainer.ranks.is_main:
-        path = build_report(run_file.config.output_dir)
-        console.print(f"done: model in {trainer.output_dir / 'final'}, report in {path}", highlight=False)
+        built = f", report in {report}" if report.is_file() else ""  # else train() warned why
+        console.print(f"done: model in {trainer.output_dir / 'final'}{built}", highlight=False)
     trainer.ranks.barrier()  # every process exits once the main one has written everything
     return trainer
 

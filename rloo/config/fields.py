@@ -41,8 +41,11 @@ class RLOOFields:
     """Every constructor argument of ``RLOOConfig``, with its default and documentation."""
 
     # --- run ---
-    output_dir: str = option(
-        "runs/rloo", "Run folder: checkpoint-STEP/, config.yaml, metrics.jsonl, the final model.", trl="output_dir"
+    output_dir: str | None = option(
+        None,
+        "Run folder: checkpoint-STEP/, config.yaml, metrics.jsonl, the final model. None = a fresh runs/rloo, "
+        "runs/rloo-2, ... (printed at start-up; config.yaml records it).",
+        trl="output_dir",
     )
     run_name: str | None = option(
         None, "The run's name: printed at start-up and given to W&B; None = output_dir's folder name.", trl="run_name"

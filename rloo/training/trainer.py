@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
@@ -50,7 +49,13 @@ from rloo.training.checkpointing import checkpoints
 from rloo.training.checkpointing.best_model import BestModel
 from rloo.training.checkpointing.checkpoints import rng_state
 from rloo.training.checkpointing.hub import push_run
-from rloo.training.checkpointing.run_folder import config_yaml, open_run, write_run_files
+from rloo.training.checkpointing.run_folder import (
+    config_yaml,
+    open_run,
+    with_run_folder,
+    write_report,
+    write_run_files,
+)
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.metrics import eval_metrics, headline_eval_reward
 from rloo.training.monitoring.grad_variance import GradVarianceProbe
@@ -59,6 +64,7 @@ from rloo.training.monitoring.logs import (
     MetricsSink,
     RunWarnings,
     device_text,
+    log_console,
     log_line,
     mean_metrics,
     run_summary,
@@ -108,12 +114,14 @@ class RLOOTrainer:
         self.args = args = as_config(args)
         self.spec = args.algorithm
         set_seed(args.seed)
-        self.output_dir = Path(args.output_dir)
         precision = resolve_mixed_precision(args.bf16, args.fp16)
-        self.accelerator, self.trackers = accelerator_with_trackers(precision, args.report_to, self.output_dir)
+        self.accelerator, self.trackers = accelerator_with_trackers(precision, args.report_to)
         sharding = check_engine(self.accelerator.distributed_type)  # None: data parallel; else FSDP2
         self.ranks = Ranks.from_accelerator(self.accelerator, lockstep=sharding is not None)
-        self.console = Console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
+        self.console = log_console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
+        # no output_dir: a fresh runs/rloo-N, chosen by the main process for all (config.yaml records it)
+        args, self.output_dir = with_run_folder(args, self.ranks.on_main)
+        self.args = args
         self.train_dataset, self.eval_dataset = load_train_and_eval(
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
@@ -210,7 +218,8 @@ class RLOOTrainer:
         self.rollouts.policy_updated(self.state.global_step)
         config_text = config_yaml(args.to_dict(), self.run_config)
         ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
-        self.trackers.start({**(self.run_config or {}), **args.to_dict()}, args.run_name or self.output_dir.name)
+        config, name = {**(self.run_config or {}), **args.to_dict()}, args.run_name or self.output_dir.name
+        self.trackers.start(config, name, self.output_dir)
         self._announce()
         self.callback_handler.fire("on_train_begin")
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
@@ -237,6 +246,7 @@ class RLOOTrainer:
         if self.best.restore(self.unwrapped_model, self.state):
             self.console.print(f"loaded the best model: {self.best.metric}={self.state.best_metric:.4g}")
         self.save_model(str(self.output_dir / "final"))
+        ranks.on_main(lambda: write_report(self.output_dir, self.warn))  # as `rloo train`: every run has one
         if args.push_to_hub:
             self.push_to_hub()
         self.callback_handler.fire("on_train_end")
@@ -456,7 +466,7 @@ class RLOOTrainer:
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""
-        path = Path(output_dir or self.args.output_dir)
+        path = Path(output_dir) if output_dir else self.output_dir
         weights = checkpoints.checked_weights(self.unwrapped_model, str(path))  # sharded (FSDP): gathered
         self.ranks.on_main(lambda: self._write_model(path, weights))
         return path

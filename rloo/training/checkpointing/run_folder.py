@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,6 +28,11 @@ from rloo.training.checkpointing.checkpoints import (
     resolve_resume_path,
 )
 
+if TYPE_CHECKING:
+    from rloo.config import RLOOConfig
+
+# the run folder of a run given no output_dir: runs/rloo, then runs/rloo-2, runs/rloo-3... (as rloo demo's)
+FRESH_RUN_BASE = Path("runs/rloo")
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
 LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log", "tensorboard")
 
@@ -43,6 +49,29 @@ def open_run(
         prepare_resume(output_dir, path, config, console)
         check_same_world_size(path, world_size)
     return path
+
+
+def fresh_run_folder(base: Path = FRESH_RUN_BASE) -> Path:
+    """``base`` if it is free (missing or empty), else the first free ``base-2``, ``base-3``... Not
+    created: the run creates it when it starts (:func:`write_run_files`), so a start that fails (a
+    model that does not load) leaves nothing behind; two runs started at the same moment would pick
+    the same one, and the second to write is refused by :func:`check_fresh_run`."""
+    candidate, n = base, 1
+    while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def with_run_folder(args: RLOOConfig, on_main: Callable[[Callable[[], Path]], Path]) -> tuple[RLOOConfig, Path]:
+    """``args`` with its run folder, and that folder. No ``output_dir`` (TRL's
+    quickstart, run twice) gets a fresh one (:func:`fresh_run_folder`), chosen by the main process
+    and shared with the others (``on_main``: ``Ranks.on_main``), and recorded in the returned config,
+    so config.yaml names it and ``rloo train FOLDER/config.yaml --resume`` continues the run."""
+    if args.output_dir is not None:
+        return args, Path(args.output_dir)
+    folder = on_main(fresh_run_folder)
+    return args.replace(output_dir=str(folder)), folder
 
 
 def check_same_world_size(checkpoint: Path, world_size: int) -> None:
@@ -65,6 +94,21 @@ def write_run_files(output_dir: Path, config_text: str, sink: Any, state: Any, r
         keep_completions_until(output_dir, state.global_step)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config.yaml").write_text(config_text)
+
+
+def write_report(output_dir: Path, warn: Any) -> Path | None:
+    """``report.html`` at the end of a run, as ``rloo report`` builds it (main process only): its path,
+    or None after ``warn(message)`` if it could not be built. The run and its model are done by then,
+    so a failing report never fails them."""
+    from rloo.cli.report import build_report  # torch-free; the report's plots import matplotlib
+
+    try:
+        return build_report(output_dir)
+    except Exception as error:  # a report is a view of the run: it must not lose the run
+        warn(
+            f"report.html was not written ({type(error).__name__}: {error}); rebuild it with `rloo report {output_dir}`"
+        )
+        return None
 
 
 def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:

@@ -9,8 +9,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from rloo.training import metric_names as names
 from rloo.training.state import TrainerState
+
+
+def log_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """A rich console for logs: in a terminal lines wrap at its width; piped (``tee``, a
+    scheduler's log file) a line stays one line, where rich would hard-wrap it at 80 columns."""
+    console = Console(stderr=stderr, quiet=quiet)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
 def train_summary(state: TrainerState, runtime: float, steps: int, completions_per_step: int) -> dict[str, float]:
@@ -68,7 +78,7 @@ def device_text(device: Any, mixed_precision: str, sharded: bool) -> str:
 
 
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
-    """The start-up line: parameters, device and the batch shape (over every process)."""
+    """The start-up line: parameters, device, the batch shape (over every process) and the run folder."""
     trainable, total = parameters
     prompts = f"{args.prompts_per_generation} prompts"
     if world_size > 1:
@@ -76,12 +86,18 @@ def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: i
     name = args.run_name or Path(args.output_dir).name
     return (
         f"run {name}: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
-        f"{prompts} x {args.num_generations} completions per generation"
+        f"{prompts} x {args.num_generations} completions per generation; run folder {args.output_dir}"
     )
 
 
 def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
-    """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``."""
+    """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``; the end-of-training
+    entry (:func:`train_summary`) as ``trained to step 100/100 in 12.3 s, train_loss=...``."""
+    if "train_runtime" in logs:  # it holds none of a step's metrics: never a bare "step 100/100"
+        return (
+            f"trained to step {step}/{max_steps} in {logs['train_runtime']:.1f} s "
+            f"({logs['train_steps_per_second']:.3g} steps/s), train_loss={logs['train_loss']:.4g}"
+        )
     shown = (names.REWARD, names.REWARD_STD, names.KL, names.LOSS, names.ENTROPY, names.MEAN_LENGTH, names.EVAL_REWARD)
     return f"step {step}/{max_steps} " + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
 

@@ -117,10 +117,11 @@ def init_kwargs(names: Sequence[str], run_name: str, output_dir: Path) -> dict[s
     return kwargs
 
 
-def accelerator_with_trackers(mixed_precision: str, report_to: Sequence[str], output_dir: Path) -> tuple[Any, Trackers]:
+def accelerator_with_trackers(mixed_precision: str, report_to: Sequence[str]) -> tuple[Any, Trackers]:
     """The run's ``Accelerator`` (CPU processes under a launcher without CUDA: see
     :func:`rloo.training.parallel.distributed.cpu_processes`) with the ``report_to`` trackers; TensorBoard
-    writes under ``output_dir/tensorboard``."""
+    writes under ``output_dir/tensorboard`` (set by :meth:`Trackers.start`: a fresh run folder is
+    chosen once the processes are known, after the accelerator)."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
@@ -131,7 +132,7 @@ def accelerator_with_trackers(mixed_precision: str, report_to: Sequence[str], ou
         mixed_precision=mixed_precision,
         cpu=cpu_processes(),
         log_with=names or None,
-        project_config=ProjectConfiguration(str(output_dir), logging_dir=str(output_dir / "tensorboard")),
+        project_config=ProjectConfiguration(logging_dir="tensorboard"),  # accelerate wants one now; start() sets it
     )
     return accelerator, Trackers(accelerator, names)
 
@@ -144,12 +145,14 @@ class Trackers:
     def __init__(self, accelerator: Any, names: Sequence[str]) -> None:
         self.accelerator, self.names = accelerator, list(names)
 
-    def start(self, config: Mapping[str, Any], run_name: str) -> None:
-        """Start the trackers with ``config`` (the run file as ``config.yaml`` records it) as hyperparameters."""
+    def start(self, config: Mapping[str, Any], run_name: str, output_dir: Path) -> None:
+        """Start the trackers with ``config`` (the run file as ``config.yaml`` records it) as
+        hyperparameters, writing under the run folder ``output_dir``."""
         if not self.names:
             return
         self.accelerator.trackers = []  # a second train() starts them afresh
-        output_dir = Path(self.accelerator.project_dir)
+        project = self.accelerator.project_configuration
+        project.project_dir, project.logging_dir = str(output_dir), str(output_dir / "tensorboard")
         self.accelerator.init_trackers(
             PROJECT, config=flat_config(config), init_kwargs=init_kwargs(self.names, run_name, output_dir)
         )

@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
+from rloo import RLOOConfig
+from rloo.training.checkpointing.run_folder import with_run_folder
 from rloo.training.checkpointing.state_files import load_state, save_state
 from tests.helpers.models import trainer
 
@@ -140,3 +143,58 @@ def test_what_a_killed_write_left_is_tidied_before_resuming(tmp_path: Path) -> N
     assert resumed.state.global_step == 3
     assert checkpoint_names(run) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
     assert not [p.name for p in run.iterdir() if p.name.startswith(("old-", "tmp-", "deleting-"))]
+
+
+def test_runs_given_no_output_dir_each_get_a_fresh_folder_and_resume_by_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TRL's quickstart run twice in one folder: the second was refused, the default runs/rloo
+    holding the first (issue 24). Each now claims runs/rloo, runs/rloo-2..., says so at start-up,
+    and config.yaml records it, so naming it resumes."""
+    monkeypatch.chdir(tmp_path)
+    Path("runs/rloo-2").mkdir(parents=True)
+    Path("runs/rloo-2/notes.txt").write_text("not a run, but not ours")
+    Path("runs/rloo-3").mkdir()  # empty: free
+    for expected in ("runs/rloo", "runs/rloo-3"):
+        run = trainer(tmp_path, output_dir=None, max_steps=2, save_steps=1)
+        run.train()
+        assert run.output_dir == Path(expected) and run.args.output_dir == expected
+        assert yaml.safe_load((run.output_dir / "config.yaml").read_text())["output_dir"] == expected
+        assert f"run folder {expected}" in capsys.readouterr().err
+    resumed = trainer(tmp_path, output_dir="runs/rloo", max_steps=3, save_steps=1)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3 and (tmp_path / "runs/rloo/checkpoint-3").is_dir()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rloo", "rloo-2", "rloo-3"]
+
+
+def test_every_process_takes_the_folder_the_main_process_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each process picking its own could split a run over two folders: the main process chooses
+    (``Ranks.on_main``); another process takes its answer."""
+    monkeypatch.chdir(tmp_path)
+    args = RLOOConfig(num_generations=4)
+    config, folder = with_run_folder(args, lambda choose: Path("runs/rloo-7"))  # rank 1: rank 0's answer
+    assert folder == Path("runs/rloo-7") and config.output_dir == "runs/rloo-7"
+    assert config.replace(output_dir=None) == args  # nothing else changed
+    config, folder = with_run_folder(args, lambda choose: choose())  # rank 0 (and a single process)
+    assert folder == Path("runs/rloo") and not folder.exists()  # created when the run starts, not before
+    Path("runs/rloo").mkdir(parents=True)
+    Path("runs/rloo/config.yaml").write_text("{}")
+    assert with_run_folder(config, lambda choose: choose())[1] == Path("runs/rloo")  # given: kept
+
+
+def test_the_python_api_writes_the_report_and_a_failing_report_only_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README says every run writes report.html; only ``rloo train`` did (issue 24)."""
+    trainer(tmp_path, max_steps=1).train()
+    assert "<html" in (tmp_path / "run" / "report.html").read_text()[:300].lower()
+
+    def broken(run_dir: Path) -> Path:
+        raise RuntimeError("no plots today")
+
+    monkeypatch.setattr("rloo.cli.report.build_report", broken)
+    run = trainer(tmp_path / "other", max_steps=1)
+    run.train()  # the run and its model are done: a failing report does not fail them
+    assert (run.output_dir / "final").is_dir() and not (run.output_dir / "report.html").exists()
+    expected = "report.html was not written (RuntimeError: no plots today); rebuild it with `rloo report"
+    assert expected in capsys.readouterr().err and expected in (run.output_dir / "warnings.log").read_text()

@@ -153,7 +153,9 @@ def test_two_nodes_on_one_machine_train_as_two_processes(tmp_path: Path) -> None
 
 
 def test_the_python_api_and_accelerate_launch(tmp_path: Path) -> None:
+    """With no output_dir (issue 24), both processes train into the one fresh folder the main one chose."""
     run_file = write_run_file(tmp_path, tmp_path / "accelerate", max_steps=2)
+    run_file.write_text("".join(line for line in run_file.read_text().splitlines(True) if "output_dir" not in line))
     config = REPO / "examples" / "accelerate" / "ddp_cpu.yaml"
     result = subprocess.run(
         [
@@ -167,7 +169,7 @@ def test_the_python_api_and_accelerate_launch(tmp_path: Path) -> None:
             "train",
             str(run_file),
         ],
-        cwd=REPO,
+        cwd=tmp_path,
         env=child_env(),
         capture_output=True,
         text=True,
@@ -175,4 +177,5 @@ def test_the_python_api_and_accelerate_launch(tmp_path: Path) -> None:
     )
     assert_ok(result)
     assert "2 processes x 2 prompts" in result.stderr + result.stdout
-    assert (tmp_path / "accelerate" / "final" / "model.safetensors").is_file()
+    assert [folder.name for folder in (tmp_path / "runs").iterdir()] == ["rloo"]
+    assert (tmp_path / "runs" / "rloo" / "final" / "model.safetensors").is_file()
