@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rloo.offline import hub_or_cache
+
 
 class RewardModelScorer:
     """A sequence-classification reward model as a TRL-style reward function.
@@ -86,8 +88,9 @@ class RewardModelScorer:
 def _load_reward_model(
     path: str, tokenizer: PreTrainedTokenizerBase | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=False)
-    return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+    with hub_or_cache(path):  # no network: the cache, at once (not ~80 s of retries)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=False)
+        return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
 
 
 def _ensure_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -107,5 +110,6 @@ def reward_model(path_or_model: Any, tokenizer: Any = None, batch_size: int | No
     tokenizer or a path to load one from (default: the model's folder).
     """
     if isinstance(tokenizer, str | os.PathLike):
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+        with hub_or_cache(tokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
     return RewardModelScorer(path_or_model, tokenizer, batch_size=batch_size)

@@ -30,6 +30,7 @@ from transformers import (
 
 from rloo.data.images import image_column, is_processor
 from rloo.data.loading import column_names
+from rloo.offline import hub_or_cache
 from rloo.training.setup.vision import check_image_inputs, is_vision_language, language_model_only, load_processor
 
 
@@ -84,11 +85,14 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
     check_model_folder(model)
     kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
     try:
-        loaded: PreTrainedModel = auto_model_class(model, kwargs["trust_remote_code"]).from_pretrained(model, **kwargs)
+        with hub_or_cache(model):  # no network: the cache, at once (not ~80 s of retries)
+            loaded: PreTrainedModel = auto_model_class(model, kwargs["trust_remote_code"]).from_pretrained(
+                model, **kwargs
+            )
     except OSError as err:
         raise ValueError(
-            f"could not load a causal LM from {model!r}: {err}. Give a local folder with config.json "
-            "and weights, or a hub id reachable from this machine."
+            f"could not load a causal LM from {model!r}: {str(err).strip().rstrip('.')}. Give a local folder "
+            "with config.json and weights, or a hub id reachable from this machine."
         ) from err
     return loaded
 
@@ -161,7 +165,8 @@ def load_tokenizer(
         source = model if isinstance(model, str) else model.config.name_or_path
         if not source:
             raise ValueError("the model instance has no name_or_path: pass its tokenizer as processing_class")
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        with hub_or_cache(source):
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
     if tokenizer.pad_token_id is None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from rloo.data.images import encode_image_prompts, image_column, image_messages, is_processor, row_images
 from rloo.data.loading import PROMPT_COLUMN, column_names
+from rloo.offline import hub_or_cache
 
 # config.model_type of the vision-language families tested with images
 SUPPORTED_VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "llava", "llava_next")
@@ -38,7 +39,8 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
     from transformers import AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)  # type: ignore[no-untyped-call]
+        with hub_or_cache(source):
+            processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)  # type: ignore[no-untyped-call]
     except (OSError, ValueError, ImportError, AttributeError) as error:  # no processor files, a missing backend
         raise ValueError(
             f"the dataset has images but the processor of {source!r} could not be loaded ({type(error).__name__}: "
