@@ -102,6 +102,7 @@ class ScoredRollout:
     generate_seconds: float
     score_seconds: float
     policy_version: int | None = None
+    images: list[list[Any]] | None = None  # each prompt's images (an image column), else None
 
 
 def encode_batch(
@@ -203,4 +204,5 @@ def generate_and_score(
         num_truncated_prompts=tokenized.num_truncated,
         generate_seconds=generated - start,
         score_seconds=time.perf_counter() - generated,
+        images=[row_images(columns, i) for i in range(len(prompts))] if image_column(list(columns)) else None,
     )

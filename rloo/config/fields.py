@@ -402,6 +402,12 @@ class RLOOFields:
         "Append prompts, completions, rewards and advantages to output_dir/completions.jsonl every logging step.",
         trl="log_completions",
     )
+    log_multimodal: bool = option(
+        True,
+        "With log_completions, save each prompt's images as PNG files in output_dir/completion_images, named in "
+        "its completions' rows (images); False: text only, for smaller logs.",
+        trl="log_multimodal",
+    )
     log_grad_variance: int = option(
         0,
         "Every this many optimizer steps, measure the variance of the policy-gradient estimate across the batch's "

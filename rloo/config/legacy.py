@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from rloo.config.passthrough import lift_generation_fields
+
 # older TRL name -> today's field, same meaning (TRL v0.22.0 _DEPRECATED_PARAMS)
 RENAMED: dict[str, str] = {
     "rloo_k": "num_generations",
@@ -77,6 +79,7 @@ def unsupported_reason(name: str) -> str | None:
 def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
+    ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`).
     Raises ``ValueError`` for a refused name, and for an older and a current name of one field
     given different values (naming both). Called by the constructor and by ``replace``;
     ``stacklevel=3`` points the warning at the caller of either.
@@ -102,7 +105,7 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             FutureWarning,
             stacklevel=3,
         )
-    return out
+    return lift_generation_fields(out)
 
 
 def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:

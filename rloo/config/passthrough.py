@@ -14,6 +14,7 @@ Checked without importing torch (the config module stays light to import).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,6 +89,38 @@ _FIELD_FOR = {
     "max_tokens": "max_completion_length",
 }
 GENERATION_KEYS = ("stop_strings", "stop", "eos_token_id", "do_sample")
+# transformers' beam-search settings (length_penalty and the rest act only on beams)
+BEAM_SEARCH_KEYS = ("num_beams", "num_beam_groups", "length_penalty", "early_stopping", "diversity_penalty")
+BEAM_SEARCH = (
+    "rloo does not do beam search: beams are the likeliest sequences, not K independent samples of the policy, and "
+    "RLOO's leave-one-out baseline and policy gradient need samples; drop {keys} (num_beams=1 is accepted)"
+)
+
+
+def lift_generation_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``RLOOConfig`` keywords with each ``generation_kwargs`` key that has its own field (``top_k``,
+    ``max_new_tokens``, ...) moved to that field, so the run file shows one value, and ``num_beams=1``
+    dropped (it is sampling). A field also given with another value than its default and the key's
+    is an error naming both (TRL lets the dictionary win silently)."""
+    from rloo.config.fields import RLOOFields  # imported here: fields.py is built on this module's neighbours
+
+    given = kwargs.get("generation_kwargs")
+    if not isinstance(given, Mapping):
+        return dict(kwargs)
+    defaults = {f.name: f.default for f in dataclasses.fields(RLOOFields)}
+    out, rest = dict(kwargs), dict(given)
+    for key in [key for key in given if key in _FIELD_FOR]:
+        name, value = _FIELD_FOR[key], rest.pop(key)
+        if out.get(name, defaults[name]) not in (defaults[name], value):
+            raise ValueError(
+                f"RLOOConfig got generation_kwargs={{{key!r}: {value!r}}} and {name}={out[name]!r}: "
+                f"give the value once, as {name}"
+            )
+        out[name] = value
+    if rest.get("num_beams") == 1:
+        del rest["num_beams"]
+    out["generation_kwargs"] = rest or None  # nothing left: as if not given
+    return out
 
 
 def _strings(key: str, value: Any) -> list[str]:
@@ -110,8 +143,9 @@ def _token_ids(key: str, value: Any) -> list[int]:
 def normalize_generation_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``{"stop_strings": [...], "eos_token_id": [...]}`` (each only when given) from TRL's
     ``generation_kwargs``: ``stop_strings`` (transformers' name) or ``stop`` (vLLM's), extra EOS ids,
-    and ``do_sample=True`` (what rloo does anyway). Other keys raise :class:`KwargsError` naming
-    the field to set or what is supported."""
+    and ``do_sample=True`` (what rloo does anyway). Keys with their own field were moved to it by
+    :func:`lift_generation_fields` (one given later, as a command line's JSON, names the field to set);
+    beam search is refused saying why; other keys raise :class:`KwargsError` naming what is supported."""
     out: dict[str, Any] = {}
     for key, value in kwargs.items():
         if key in _FIELD_FOR:
@@ -122,6 +156,8 @@ def normalize_generation_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             out["stop_strings"] = _strings(key, value)
         elif key == "eos_token_id":
             out["eos_token_id"] = _token_ids(key, value)
+        elif key in BEAM_SEARCH_KEYS:
+            raise KwargsError(str(key), BEAM_SEARCH.format(keys=", ".join(k for k in kwargs if k in BEAM_SEARCH_KEYS)))
         elif key == "do_sample":
             if value is not True:
                 raise KwargsError(key, "rloo always samples (RLOO needs K different completions); drop do_sample")

@@ -80,8 +80,9 @@ def load_train_and_eval(
 
 
 def load_eval_sets(eval_dataset: Any) -> EvalSets:
-    """One eval set, or a dict of named ones (a ``DatasetDict`` too), each loaded and checked;
-    a streaming set is refused (evaluation reads every row)."""
+    """One eval set, or a dict of named ones (a ``DatasetDict`` or ``IterableDatasetDict`` too), each
+    loaded and checked; a streaming set is kept as it is and read to its end at each evaluation
+    (:func:`eval_rows`)."""
     if isinstance(eval_dataset, dict):
         if not eval_dataset:
             raise ValueError("eval_dataset is an empty dict; give one dataset, or a dict of named ones")
@@ -90,12 +91,17 @@ def load_eval_sets(eval_dataset: Any) -> EvalSets:
 
 
 def _one_eval_set(eval_dataset: Any) -> datasets.Dataset:
-    if isinstance(eval_dataset, datasets.IterableDataset):
-        raise ValueError(
-            "eval_dataset is a streaming IterableDataset; evaluation reads every row, so give a map-style Dataset "
-            "(load it without streaming=True, or take rows with Dataset.from_list(list(stream.take(n))))"
-        )
     return load_prompt_dataset(eval_dataset)
+
+
+def eval_rows(eval_set: datasets.Dataset | datasets.IterableDataset) -> datasets.Dataset:
+    """The rows of an eval set by index: a streaming one is read to its end (as transformers' eval
+    loop reads it; an endless stream never ends: give ``stream.take(n)``), its prompts checked."""
+    if not isinstance(eval_set, datasets.IterableDataset):
+        return eval_set
+    rows = datasets.Dataset.from_list(list(eval_set))
+    validate_prompt_dataset(rows, "eval_dataset")
+    return rows
 
 
 def keep_model_columns(dataset: datasets.Dataset) -> datasets.Dataset:

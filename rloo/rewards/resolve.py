@@ -55,10 +55,16 @@ def _per_function(reward_processing_classes: Any, n: int) -> list[Any]:
         items = [reward_processing_classes]
     if len(items) != n:
         raise ValueError(
-            f"reward_processing_classes has {len(items)} entries for {n} reward functions; "
+            f"reward_processing_classes has {len(items)} entries for {n} reward functions: the counts must match; "
             "give one per reward function (None where not needed)"
         )
     return items
+
+
+def processing_classes(funcs: list[RewardFunc]) -> list[Any]:
+    """Each reward function's tokenizer (a reward model's, given or loaded with it), None for the
+    others: TRL's ``trainer.reward_processing_classes``."""
+    return [getattr(func, "tokenizer", None) for func in funcs]
 
 
 def resolve_reward(spec: Any, tokenizer: Any = None, position: int = 0) -> RewardFunc:

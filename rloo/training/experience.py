@@ -19,14 +19,16 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from rloo.algo.advantages import clip_rewards, get_advantage_estimator, normalize_advantages
+from rloo.algo.advantages import BatchStats, batch_stats, clip_rewards, get_advantage_estimator, normalize_advantages
 from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
+from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.config import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.metrics import (
+    add_image_files,
     append_jsonl,
     batch_record,
     batch_warnings,
@@ -93,6 +95,18 @@ class ExperienceMaker:
         """Phase 4 for this process's share of a generation batch: rewards clipped, the KL penalty
         where its placement puts it, the estimator's baseline and (``normalize_advantages``) batch
         normalization, statistics global over processes; the batch's metrics and warnings."""
+        # batch-level statistics span every process's batch
+        rewards, loss_mask, per_token_kl, advantages = self._advantages(scored, logprobs, self.ranks.batch_stats)
+        metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
+        return TrainBatch(
+            scored.rollout, loss_mask, advantages, logprobs.old, logprobs.reference, metrics, rewards=rewards
+        )
+
+    def _advantages(
+        self, scored: ScoredRollout, logprobs: StoredLogprobs, stats: BatchStats
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """Phase 4's math: ``(rewards, loss_mask, per_token_kl, advantages)``, rewards clipped and
+        KL-penalized where the KL is a reward penalty; ``stats``: the batch statistics' reach."""
         args, spec, rollout = self.args, self.spec, scored.rollout
         scorable = scored.rewards.scorable
         rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
@@ -104,14 +118,37 @@ class ExperienceMaker:
             sampling_logprobs = logprobs.old if logprobs.old is not None else rollout.sampling_logprobs
             per_token_kl = get_kl_estimator(spec.kl_estimator)(sampling_logprobs, logprobs.reference)
             rewards = kl_penalized_rewards(rewards, per_token_kl, loss_mask, spec.reward_beta)
-        stats = self.ranks.batch_stats  # batch-level statistics span every process's batch
         advantages = get_advantage_estimator(spec.advantage_estimator)(
             rewards, rollout.group_ids, scorable, stats=stats
         )
         if spec.normalize_advantages:
             advantages = normalize_advantages(advantages, scorable, stats=stats)
-        metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
-        return TrainBatch(rollout, loss_mask, advantages, logprobs.old, logprobs.reference, metrics, rewards=rewards)
+        return rewards, loss_mask, per_token_kl, advantages
+
+    def eval_loss(self, scored: ScoredRollout) -> float:
+        """TRL's ``eval_loss`` of one evaluation batch: the objective at the current policy (ratio 1:
+        the sampling log-probs are the current ones), advantages from the batch's own rewards and
+        statistics, the reference's KL where beta > 0; without the entropy bonus (sampling keeps no
+        entropies). On-policy, the policy term is -mean(advantage): near 0 for the leave-one-out baseline.
+        NaN with one completion per prompt (``num_generations_eval=1``: no baseline to leave one out of)."""
+        rollout = scored.rollout
+        if len(scored.completion_texts) < 2 * len(scored.prompts):
+            return float("nan")
+        reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
+        _, loss_mask, _, advantages = self._advantages(scored, StoredLogprobs(None, reference), batch_stats)
+        inputs = ObjectiveInputs(
+            logprobs=rollout.sampling_logprobs,
+            old_logprobs=rollout.sampling_logprobs,
+            reference_logprobs=reference,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            entropy=None,
+        )
+        settings = self.spec.objective(self.args.max_completion_length, entropy_coef=0.0)
+        total_tokens, total_sequences = float(loss_mask.sum()), float(advantages.shape[0])
+        return float(
+            policy_objective(inputs, settings, total_tokens=total_tokens, total_sequences=total_sequences).loss
+        )
 
     def tokens_seen(self, rollout: Rollout) -> int:
         """Prompt and completion tokens of the generation batch, over every process."""
@@ -119,10 +156,15 @@ class ExperienceMaker:
         return int(seen)
 
     def log_completions(self, step: int, scored: ScoredRollout, advantages: Tensor) -> None:
-        """Append every process's completions of the batch to ``completions.jsonl`` (main process)."""
-        rows = self.ranks.gather_objects(completion_rows(step, scored, advantages))
+        """Append every process's completions of the batch to ``completions.jsonl`` (main process); with
+        ``log_multimodal``, each prompt's images are saved beside it and named in its rows."""
+        images = scored.images if self.args.log_multimodal else None
+        parts = self.ranks.gather_objects((completion_rows(step, scored, advantages), images))
         if self.ranks.is_main:
-            append_jsonl(self.output_dir / "completions.jsonl", [row for part in rows for row in part])
+            for rank, (rows, rank_images) in enumerate(parts):
+                if rank_images is not None:
+                    add_image_files(rows, rank_images, self.output_dir, f"step-{step}-rank-{rank}")
+            append_jsonl(self.output_dir / "completions.jsonl", [row for rows, _ in parts for row in rows])
 
     def batch_metrics(
         self,

@@ -220,14 +220,16 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
 
 def eval_metrics(values: Tensor, names: Sequence[str] = (), prefix: str = "eval") -> dict[str, float]:
     """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, how many were
-    unscorable, and each reward function's mean (``eval_rewards/<name>/mean``, over the completions
-    it applies to). ``values``: ``(N,)`` combined rewards, or ``(N, 1 + F)`` with each function's
-    scores after them, NaN where unscorable / not applicable. ``prefix``: ``eval``, or ``eval_<set>``
-    for a named eval set (as transformers names them)."""
+    unscorable, each reward function's mean (``eval_rewards/<name>/mean``, over the completions
+    it applies to), and ``eval_loss``. ``values``: ``(N,)`` combined rewards, or ``(N, 1 + F)`` with
+    each function's scores after them, NaN where unscorable / not applicable, or ``(N, 2 + F)`` with
+    the loss of each row's eval batch last (its mean: the batches' mean weighted by their rows, as
+    transformers'). ``prefix``: ``eval``, or ``eval_<set>`` for a named eval set (as transformers names them)."""
     values = values if values.dim() == 2 else values.unsqueeze(1)
     rewards = values[:, 0]
     scored = rewards[~rewards.isnan()]
-    metrics = {
+    metrics = {f"{prefix}_loss": float(values[:, -1].mean())} if values.shape[1] == len(names) + 2 else {}
+    metrics |= {
         f"{prefix}_reward": float(scored.mean()) if scored.numel() else float("nan"),
         f"{prefix}_reward_std": _std(scored),
         f"{prefix}_unscorable": float(rewards.isnan().sum()),
@@ -268,6 +270,21 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
         }
         for i, text in enumerate(scored.completion_texts)
     ]
+
+
+def add_image_files(rows: list[dict[str, Any]], images: list[list[Any]], output_dir: Path, folder: str) -> None:
+    """Save each prompt's images (PIL) as PNG files in ``output_dir/completion_images/<folder>`` and name
+    them, relative to ``output_dir``, under ``images`` in its completions' ``rows`` (K per prompt, in order)."""
+    k = len(rows) // max(len(images), 1)
+    for i, prompt_images in enumerate(images):
+        paths = []
+        for j, image in enumerate(prompt_images):
+            path = output_dir / "completion_images" / folder / f"prompt-{i}-image-{j}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            image.save(path)
+            paths.append(str(path.relative_to(output_dir)))
+        for row in rows[i * k : (i + 1) * k]:
+            row["images"] = paths
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -36,12 +36,12 @@ from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import check_trainer_arguments, reward_funcs_or_reward_model
-from rloo.data.loading import column_names, load_eval_sets, load_train_and_eval
+from rloo.data.loading import column_names, eval_rows, load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
-from rloo.rewards.resolve import resolve_rewards
+from rloo.rewards.resolve import processing_classes, resolve_rewards
 from rloo.training import metric_names as names
 from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.callbacks import Callbacks
@@ -141,7 +141,8 @@ class RLOOTrainer:
         funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
         self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
         self.rewards.check_arguments(column_names(self.train_dataset))
-        self.reward_funcs = self.rewards.funcs  # TRL's attribute
+        self.reward_funcs = self.rewards.funcs  # TRL's attributes
+        self.reward_processing_classes = processing_classes(funcs)
 
         self.sampler = row_source(self.train_dataset, args.seed, args.shuffle_dataset)
         num_prompts = getattr(self.train_dataset, "num_rows", None)  # None: streaming
@@ -181,6 +182,7 @@ class RLOOTrainer:
             ranks=self.ranks,
             args=args,
         )
+        self.aux_loss_enabled = self.updater.aux_loss_coef > 0  # TRL's attribute: a MoE model's router loss is added
         self.timer = PhaseTimer()
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
@@ -435,8 +437,9 @@ class RLOOTrainer:
 
     # ------------------------------------------------------------------ public helpers
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Mean reward of K sampled completions per eval prompt, as ``eval_`` metrics (``eval_<name>_``
-        for each of a dict of named sets); ``eval_dataset``: another set (or dict) than the trainer's.
+        """Mean reward of K sampled completions per eval prompt and ``eval_loss`` (TRL's: the objective
+        per eval batch), as ``eval_`` metrics (``eval_<name>_`` for each of a dict of named sets; a streaming
+        set is read to its end); ``eval_dataset``: another set (or dict) than the trainer's.
         With its own sampling seed and group ids, it leaves the trainer state and so the run alone."""
         data = self.eval_dataset if eval_dataset is None else load_eval_sets(eval_dataset)
         if data is None:
@@ -444,7 +447,7 @@ class RLOOTrainer:
         if isinstance(data, dict):
             named = [self.evaluate(sub, f"{metric_key_prefix}_{name}") for name, sub in data.items()]
             return {key: value for metrics in named for key, value in metrics.items()}
-        dataset, k = data, self.args.num_generations_eval or self.args.num_generations
+        dataset, k = eval_rows(data), self.args.num_generations_eval or self.args.num_generations
         settings = dataclasses.replace(self.rollout_settings, num_generations=k)
 
         def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
@@ -452,7 +455,8 @@ class RLOOTrainer:
             rows = [dataset[i] for i in indices]
             scored = self._scored_rollout(rows, groups, sampling_seed=seed, settings=settings)
             combined = scored.rewards.rewards_or_nan().unsqueeze(1)
-            return torch.cat([combined, scored.rewards.scores.values.to(combined)], dim=1).cpu()
+            loss = combined.new_full(combined.shape, self.experience.eval_loss(scored))  # the batch's, per row
+            return torch.cat([combined, scored.rewards.scores.values.to(combined), loss], dim=1).cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
         return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix)

@@ -115,7 +115,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ),
     ({"torch_compile_mode": "fast"}, "torch_compile_mode", "fast", "choose one of ['default'"),
     ({"model_init_kwargs": {"dtype": "int8"}}, "model_init_kwargs", {"dtype": "int8"}, "dtype must be a torch dtype"),
-    ({"generation_kwargs": {"top_k": 2}}, "generation_kwargs", {"top_k": 2}, "set top_k=2 instead"),
+    ({"generation_kwargs": {"num_beams": 2}}, "generation_kwargs", {"num_beams": 2}, "rloo does not do beam search"),
     ({"chat_template_kwargs": {"x": object}}, "chat_template_kwargs", {"x": object}, "cannot be recorded"),
     ({"dataloader_num_workers": 1}, "dataloader_num_workers", 1, "only 0"),
     ({"cache_implementation": "static"}, "cache_implementation", "static", "only None or 'dynamic'"),

@@ -9,6 +9,7 @@ never trained text-only. Without an image column any of them trains on text like
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,13 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
         with hub_or_cache(source):
             processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)  # type: ignore[no-untyped-call]
     except (OSError, ValueError, ImportError, AttributeError) as error:  # no processor files, a missing backend
+        if "torchvision" in str(error).lower() and importlib.util.find_spec("torchvision") is None:
+            raise ValueError(
+                f"the dataset has images but the processor of {source!r} needs torchvision, which is not installed "
+                f"(transformers: {str(error).strip().splitlines()[0]}; rloo passes no videos, but the processor is "
+                "built with its video part): `pip install torchvision` (the build matching your torch), or pass the "
+                "processor as processing_class"
+            ) from error
         raise ValueError(
             f"the dataset has images but the processor of {source!r} could not be loaded ({type(error).__name__}: "
             f"{error}); pass it as processing_class"

@@ -194,9 +194,9 @@ def test_a_run_with_generation_kwargs_and_chat_template_kwargs_trains(tmp_path: 
 @pytest.mark.parametrize(
     ("kwargs", "fix"),
     [
-        ({"top_k": 5}, "top_k has its own field: set top_k=5 instead"),
-        ({"max_new_tokens": 5}, "set max_completion_length=5 instead"),
-        ({"num_beams": 2}, "'num_beams' is not supported"),
+        ({"num_beams": 2}, "rloo does not do beam search: beams are the likeliest sequences, not K independent"),
+        ({"length_penalty": -0.1}, "drop length_penalty"),
+        ({"min_length": 2}, "'min_length' is not supported"),
         ({"stop": "a", "stop_strings": ["b"]}, "give the stop strings once"),
         ({"stop": [""]}, "stop must be a non-empty string or a list of them"),
         ({"eos_token_id": "x"}, "eos_token_id must be a token id or a list of them"),
@@ -207,6 +207,16 @@ def test_bad_generation_kwargs_name_the_key_and_the_fix(tmp_path: Path, kwargs: 
     with pytest.raises(ValueError, match=r"RLOOConfig.generation_kwargs=.* is invalid: ") as info:
         config(tmp_path, generation_kwargs=kwargs)
     assert fix in str(info.value)
+
+
+def test_generation_kwargs_with_a_field_of_their_own_set_it(tmp_path: Path) -> None:
+    # TRL's generation_kwargs={"top_k": 50, ...} was refused before issue 24; now it sets the field
+    kwargs = {"do_sample": True, "top_k": 50, "max_new_tokens": 5, "num_beams": 1}
+    args = config(tmp_path, max_completion_length=256, generation_kwargs=kwargs)  # 256: the field's default
+    assert (args.top_k, args.max_completion_length, dict(args.generation_kwargs or {})) == (50, 5, {})
+    assert args.replace(top_k=3).top_k == 3
+    with pytest.raises(ValueError, match=r"generation_kwargs=\{'top_k': 50\} and top_k=3: give the value once"):
+        config(tmp_path, top_k=3, generation_kwargs={"top_k": 50})
 
 
 # ----------------------------------------------------------------- an already-adapted PeftModel
@@ -363,7 +373,10 @@ def test_per_device_eval_batch_size_sets_the_eval_batches_not_the_results(tmp_pa
     assert default_sizes == [2, 2, 2] and sizes == [2, 2, 2]  # the default: a generation batch (8 // 4)
     sizes, metrics = eval_batches(per_device_eval_batch_size=12, num_generations_eval=4)
     assert sizes == [3, 3]
-    assert metrics == default_metrics  # seeded per completion: batching changes nothing
+    # seeded per completion: batching changes nothing; eval_loss is per eval batch (as TRL's), but on-policy
+    # with this preset's aggregation it is -mean(advantage) = 0 in any batching, up to rounding
+    assert metrics.pop("eval_loss") == pytest.approx(default_metrics.pop("eval_loss"), abs=1e-6)
+    assert metrics == default_metrics
 
 
 def test_pad_to_multiple_of_pads_masked_and_trains_the_same(tmp_path: Path) -> None:
@@ -473,15 +486,19 @@ def test_streaming_needs_max_steps_and_names_a_bad_row(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, data=_stream(bad_row=3), shuffle_dataset=False)
     with pytest.raises(ValueError, match="invalid prompt in row 3 of the streaming train_dataset"):
         trainer.train()
-    with pytest.raises(ValueError, match="eval_dataset is a streaming IterableDataset"):
-        RLOOTrainer(
-            make_model(make_tokenizer()),
-            frac7,
-            args=config(tmp_path),
-            train_dataset=dataset(),
-            eval_dataset=_stream(),
-            processing_class=make_tokenizer(),
-        )
+
+
+def test_a_streaming_eval_set_is_read_to_its_end_and_scored_as_the_map_style_one(tmp_path: Path) -> None:
+    # it was refused before issue 24 (TRL evaluates a stream to its end)
+    trainer = RLOOTrainer(
+        make_model(make_tokenizer()),
+        frac7,
+        args=config(tmp_path),
+        train_dataset=dataset(),
+        eval_dataset=_stream(4),
+        processing_class=make_tokenizer(),
+    )
+    assert trainer.evaluate() == trainer.evaluate(eval_dataset=dataset(4))
 
 
 # ----------------------------------------------------------------- named eval sets, evaluate(eval_dataset=...)
@@ -512,7 +529,7 @@ def test_evaluate_takes_a_dataset_the_trainer_was_built_without(tmp_path: Path) 
     with pytest.raises(ValueError, match="evaluate\\(\\) needs an eval_dataset"):
         trainer.evaluate()
     metrics = trainer.evaluate(eval_dataset=dataset(4))
-    assert set(metrics) == {"eval_reward", "eval_reward_std", "eval_unscorable", "eval_rewards/frac7/mean"}
+    assert set(metrics) == {"eval_loss", "eval_reward", "eval_reward_std", "eval_unscorable", "eval_rewards/frac7/mean"}
     with pytest.raises(ValueError, match="eval_dataset is an empty dict"):
         trainer.evaluate(eval_dataset={})
 
