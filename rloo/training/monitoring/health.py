@@ -21,13 +21,18 @@ monitor                   fires when (thresholds: ``RLOOConfig.health_thresholds
 ``train_up_eval_down``    since the best evaluation, ``eval_reward`` fell and the train
                           reward (last window) rose, each by >= delta
 ``loss_spike``            a step's ``grad_norm`` (before clipping) is >= factor x the
-                          median of the previous window
+                          median over the last ``SPIKE_WINDOWS`` windows' steps that
+                          had a task-reward signal (at least ``window`` of them)
 ========================  ===========================================================
 
 ``loss_spike`` reads the gradient norm, not the loss: the policy-gradient loss is ~0 by
 construction (advantages are zero-mean within a group, and the ratio is 1 on the first pass),
 so its value is float noise whose "spikes" mean nothing; the gradient it produces is what
-spikes when an update goes wild.
+spikes when an update goes wild. Its reference leaves out the steps where no group's task
+rewards differed (``frac_task_reward_zero_std`` = 1): their gradient is the KL penalty's alone,
+~1e-3 of a normal step's, and a median of previous steps that held two of them read the next
+normal step as an 85-130x "spike" (12 false alarms in 51 normal tiny runs; README, "Health
+monitors", has the calibration: ``benchmarks/health_calibration.py``).
 
 The baseline of a ratio is the mean over the run's first ``window`` steps; ratio monitors
 start once the last window no longer overlaps it. Everything the monitors remember is a
@@ -52,10 +57,9 @@ SERIES: Mapping[str, str] = {
     "kl": names.KL,
     "task_zero_std": names.FRAC_TASK_REWARD_ZERO_STD,
     "entropy": names.ENTROPY,
-    "grad_norm": names.GRAD_NORM,
     "reward": names.REWARD,
 }
-SPIKE_SERIES = ("grad_norm",)
+SPIKE_WINDOWS = 4  # the spike reference: the last 4 x window steps with a task-reward signal
 TINY = 1e-6  # a series whose typical magnitude is below this has no scale to spike against
 
 
@@ -80,7 +84,8 @@ def spike(previous: list[float], value: float, factor: float) -> float | None:
 
     A ratio to the median, not a distance in median absolute deviations: over a short window
     the MAD is itself noisy, and a healthy demo run (500 steps) had 2-3x gradient-norm swings
-    that were 10-20 MADs away; a spike worth a warning is many times the typical norm."""
+    that were 10-20 MADs away (36 MADs in the calibration runs of the README's "Health
+    monitors"); a spike worth a warning is many times the typical norm."""
     typical = statistics.median(previous)
     if typical < TINY:
         return None
@@ -152,21 +157,23 @@ class HealthMonitor:
         return f"{what} is {recent:.3g} over the last {self.window} steps (health_thresholds.{name}={limit:g})"
 
     def _spike(self, memory: dict[str, Any], metrics: Mapping[str, float]) -> str | None:
-        factor = self.t["loss_spike"]
-        if not factor:
-            return None
-        for short in SPIKE_SERIES:
-            values = memory["history"].get(short, [])
-            if len(values) <= self.window or metrics.get(SERIES[short]) is None:
-                continue  # not enough history, or not logged at this step
-            ratio = spike(values[:-1], values[-1], factor)
-            if ratio is not None:
-                return (
-                    f"{SERIES[short]} {values[-1]:.3g} is {ratio:.3g}x the median "
-                    f"{statistics.median(values[:-1]):.3g} of the previous {self.window} steps "
-                    f"(health_thresholds.loss_spike={factor:g})"
-                )
-        return None
+        """This step's ``grad_norm`` against the median of the recent steps that had a task-reward
+        signal; the step then joins them if it had one (after the check: a spike is not its own reference)."""
+        factor, value = self.t["loss_spike"], metrics.get(names.GRAD_NORM)
+        if value is None or not math.isfinite(value):
+            return None  # not logged at this step (the non-finite guard reports NaN/inf)
+        reference = memory.setdefault("spike_reference", [])
+        ratio = spike(reference, value, factor) if factor and len(reference) >= self.window else None
+        condition = None
+        if ratio is not None:
+            condition = (
+                f"{names.GRAD_NORM} {value:.3g} is {ratio:.3g}x the median {statistics.median(reference):.3g} of "
+                f"the last {len(reference)} steps with a task-reward signal (health_thresholds.loss_spike={factor:g})"
+            )
+        if metrics.get(names.FRAC_TASK_REWARD_ZERO_STD, 0.0) < 1.0:  # a signal (not logged: counted as one)
+            reference.append(float(value))
+            del reference[: -SPIKE_WINDOWS * self.window]
+        return condition
 
     # ------------------------------------------------------------------ per evaluation
     def observe_eval(self, memory: dict[str, Any], step: int, eval_reward: float) -> list[Alert]:

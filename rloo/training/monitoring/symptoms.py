@@ -69,7 +69,8 @@ SYMPTOMS: Mapping[str, Symptom] = {
         "raise num_generations (a better baseline) or gradient_accumulation_steps (a larger batch), "
         "lower learning_rate",
         5.0,
-        "a step's grad_norm (before clipping) >= this x the median of the previous window",
+        "a step's grad_norm (before clipping) >= this x the median over the last 4 windows' steps with a "
+        "task-reward signal (at least a window of them)",
     ),
     # checked by the report, on the logged metrics
     "no_signal": Symptom("raise temperature / num_generations, check the reward", 0.5),

@@ -15,6 +15,7 @@ from rloo import RLOOConfig, RLOOTrainer
 from rloo.cli.diagnostics import diagnose
 from rloo.cli.report import build_report
 from rloo.config.health import HEALTH_THRESHOLDS, default_health_thresholds, thresholds_markdown
+from rloo.tiny import save_tiny_model
 from rloo.training.monitoring.health import HealthMonitor, spike
 from rloo.training.monitoring.symptoms import SYMPTOMS
 from rloo.training.state import TrainerState
@@ -83,6 +84,37 @@ def test_loss_spike_reads_the_gradient_norm() -> None:
     norms = [1.0, 1.2, 0.9, 1.1, 50.0, 1.0]
     series = [{"grad_norm": x, "loss": 1e-9 * (-1) ** i} for i, x in enumerate(norms)]
     assert fired(monitor(), series) == [(5, "loss_spike")]
+
+
+# (grad_norm, frac_task_reward_zero_std) of steps 11-24 of a normal 30-step LoRA run (lora-share_of_sevens-s1
+# of benchmarks/health_calibration.py): where no group's task rewards differed (1.0), the gradient is the KL
+# penalty's alone
+NORMAL_LORA = [
+    (0.075, 0.5), (0.00031, 1.0), (0.00032, 1.0), (0.055, 0.5), (0.044, 0.5), (0.040, 0.5), (0.060, 0.0),
+    (0.00054, 1.0), (0.00033, 1.0), (0.00026, 1.0), (0.047, 0.5), (0.098, 0.5), (0.00025, 1.0), (0.039, 0.5),
+]  # fmt: skip
+
+
+def spikes(mon: HealthMonitor, series: list[dict[str, float]]) -> list[int]:
+    return [step for step, name in fired(mon, series) if name == "loss_spike"]
+
+
+def test_loss_spike_ignores_steps_without_a_task_reward_signal() -> None:
+    """The median of the previous window held steps with the KL penalty's gradient alone (~1e-3 of a
+    normal one), so the next normal step read as an 85-130x "spike": 2 false alarms in this run,
+    12 in the 51 normal runs of benchmarks/health_calibration.py (issue 24). A real spike still
+    fires, after a signal-free stretch too."""
+    series = [{"grad_norm": norm, "frac_task_reward_zero_std": zero_std} for norm, zero_std in NORMAL_LORA]
+    assert spikes(monitor(window=5), series) == []
+    spiking = series + [{"grad_norm": 0.0003, "frac_task_reward_zero_std": 1.0}] * 8 + [{"grad_norm": 0.6}]
+    assert spikes(monitor(window=5), spiking) == [len(spiking)]  # 12x the signal steps' median 0.05
+
+
+def test_loss_spike_waits_for_a_window_of_steps_with_a_signal() -> None:
+    quiet = [{"grad_norm": 1e-4, "frac_task_reward_zero_std": 1.0}] * 6
+    series = [*quiet, {"grad_norm": 0.05, "frac_task_reward_zero_std": 0.0}, {"grad_norm": 0.9}]
+    assert spikes(monitor(), series) == []  # one signal step: no reference yet (window 2)
+    assert spikes(monitor(), [*series, {"grad_norm": 0.06}, {"grad_norm": 20.0}]) == [10]
 
 
 def test_train_up_eval_down_compares_with_the_best_evaluation() -> None:
@@ -269,6 +301,33 @@ def test_loss_spike_is_provoked_by_a_reward_that_jumps_in_scale(tmp_path: Path, 
 def test_a_healthy_run_raises_no_health_warning(tmp_path: Path) -> None:
     rows, warnings = train_and_read(trainer(tmp_path, frac7, learning_rate=1e-3, max_steps=12))
     assert flagged(rows) == set() and "health:" not in warnings
+
+
+def count_text_sevens(completions: list[str], **kwargs: Any) -> list[float]:
+    return [text.count("7") / max(len(text), 1) for text in completions]
+
+
+def test_a_normal_lora_run_raises_no_loss_spike(tmp_path: Path) -> None:
+    """lora-share_of_sevens-s1 of benchmarks/health_calibration.py: the KL-only steps between its
+    signal steps made 2 loss_spike warnings of a normal 30-step LoRA run (issue 24)."""
+    from peft import LoraConfig
+
+    model = save_tiny_model(tmp_path / "tiny")
+    args = RLOOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=30,
+        logging_steps=1,
+        learning_rate=1e-4,
+        seed=1,
+        save_steps=1000,
+    )
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    prompts = [{"prompt": f"{a}+{b}="} for a in range(10) for b in range(10)]
+    rows, _ = train_and_read(RLOOTrainer(str(model), count_text_sevens, args, prompts, peft_config=lora))
+    assert sum(row["frac_task_reward_zero_std"] == 1.0 for row in rows) >= 3  # the KL-only steps are there
+    assert "loss_spike" not in flagged(rows)
 
 
 def test_the_readme_table_is_the_thresholds_table() -> None:
