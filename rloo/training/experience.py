@@ -129,7 +129,8 @@ class ExperienceMaker:
         """TRL's ``eval_loss`` of one evaluation batch: the objective at the current policy (ratio 1:
         the sampling log-probs are the current ones), advantages from the batch's own rewards and
         statistics, the reference's KL where beta > 0; without the entropy bonus (sampling keeps no
-        entropies). On-policy, the policy term is -mean(advantage): near 0 for the leave-one-out baseline.
+        entropies). With one ratio per completion its policy term is -mean(advantage): 0 for the
+        leave-one-out baseline; per-token ratios weigh each advantage by its completion's length.
         NaN with one completion per prompt (``num_generations_eval=1``: no baseline to leave one out of)."""
         rollout = scored.rollout
         if len(scored.completion_texts) < 2 * len(scored.prompts):

@@ -1,0 +1,72 @@
+"""Phases 3-4 outside the trainer: ``ExperienceMaker.eval_loss`` against hand-computed values."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo import RLOOConfig
+from rloo.generation.rollout import Rollout
+from rloo.pipeline import ScoredRollout
+from rloo.rewards.calling import CombinedRewards, RewardScores
+from rloo.training.experience import ExperienceMaker
+from rloo.training.parallel.distributed import Ranks
+
+
+def scored(rewards: list[float], lengths: list[int], k: int) -> ScoredRollout:
+    """``len(rewards) // k`` prompts x ``k`` completions of the given lengths, sampled with log-prob 0."""
+    n, longest = len(rewards), max(lengths)
+    mask = torch.tensor([[1.0] * length + [0.0] * (longest - length) for length in lengths])
+    rollout = Rollout(
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        completion_ids=torch.ones(n, longest, dtype=torch.long),
+        completion_mask=mask,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        sampling_logprobs=torch.zeros(n, longest),
+        group_ids=torch.arange(n) // k,
+    )
+    values = torch.tensor(rewards)
+    combined = CombinedRewards(RewardScores(values.unsqueeze(1), [0], [0]), values, torch.ones(n, dtype=torch.bool))
+    prompts = [f"p{i}" for i in range(n // k)]
+    return ScoredRollout(rollout, prompts, ["c"] * n, combined, 0, 0.0, 0.0)
+
+
+def maker(tmp_path: Path, **config: object) -> ExperienceMaker:
+    args = RLOOConfig(output_dir=str(tmp_path), beta=0.0, **config)  # type: ignore[arg-type]
+    return ExperienceMaker(
+        args=args,
+        ranks=Ranks(),
+        model=lambda: torch.nn.Linear(1, 1),
+        reference=None,
+        reward_names=["r"],
+        autocast=contextlib.nullcontext,
+        warn=lambda message: None,
+        output_dir=tmp_path,
+    )
+
+
+# rewards (1, 0), completion lengths (1, 3), ratio 1 (on-policy); GRPO's advantage: (r - mean) / (std + 1e-4)
+GRPO_ADVANTAGE = 0.5 / (math.sqrt(0.5) + 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        # leave-one-out advantages (1, -1), one ratio per completion: -(1/N) sum_i A_i = 0 whatever the lengths
+        ("trl", 0.0),
+        # advantages (a, -a), one ratio per token, token_mean: -sum_i A_i L_i / sum_i L_i = 2a / 4
+        ("dapo", -(GRPO_ADVANTAGE * 1 - GRPO_ADVANTAGE * 3) / 4),
+    ],
+)
+def test_eval_loss_is_the_objective_at_the_sampling_policy(tmp_path: Path, preset: str, expected: float) -> None:
+    loss = maker(tmp_path, preset=preset).eval_loss(scored([1.0, 0.0], [1, 3], k=2))
+    assert loss == pytest.approx(expected, abs=1e-6)
+
+
+def test_eval_loss_is_nan_with_one_completion_per_prompt(tmp_path: Path) -> None:
+    assert math.isnan(maker(tmp_path).eval_loss(scored([1.0, 0.0], [1, 3], k=1)))
