@@ -68,10 +68,12 @@ def with_run_folder(args: RLOOConfig, on_main: Callable[[Callable[[], Path]], Pa
     quickstart, run twice) gets a fresh one (:func:`fresh_run_folder`), chosen by the main process
     and shared with the others (``on_main``: ``Ranks.on_main``), and recorded in the returned config,
     so config.yaml names it and ``rloo train FOLDER/config.yaml --resume`` continues the run."""
+    from rloo.config import as_config  # the trainer's reading of a config: read-only from now on
+
     if args.output_dir is not None:
         return args, Path(args.output_dir)
     folder = on_main(fresh_run_folder)
-    return args.replace(output_dir=str(folder)), folder
+    return as_config(args.replace(output_dir=str(folder))), folder
 
 
 def check_same_world_size(checkpoint: Path, world_size: int) -> None:

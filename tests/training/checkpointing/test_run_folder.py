@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
@@ -175,6 +176,8 @@ def test_every_process_takes_the_folder_the_main_process_chose(tmp_path: Path, m
     config, folder = with_run_folder(args, lambda choose: Path("runs/rloo-7"))  # rank 1: rank 0's answer
     assert folder == Path("runs/rloo-7") and config.output_dir == "runs/rloo-7"
     assert config.replace(output_dir=None) == args  # nothing else changed
+    with pytest.raises(dataclasses.FrozenInstanceError):  # read-only, as the config a trainer took
+        config.output_dir = "elsewhere"
     config, folder = with_run_folder(args, lambda choose: choose())  # rank 0 (and a single process)
     assert folder == Path("runs/rloo") and not folder.exists()  # created when the run starts, not before
     Path("runs/rloo").mkdir(parents=True)
