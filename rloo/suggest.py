@@ -6,6 +6,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 
+# how alike a name must be to be suggested (difflib's ratio): typos score 0.8 and more; at difflib's
+# default 0.6, names that only look alike were offered (loss_type -> lora_task_type, deepspeed -> seed)
+SIMILAR = 0.75
+
 
 def did_you_mean(name: object, choices: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:
     """``"; did you mean `x`?"`` for the closest choice (or a known alias of one), else ``""``.
@@ -15,7 +19,7 @@ def did_you_mean(name: object, choices: Iterable[str], aliases: Mapping[str, str
     """
     if aliases and str(name) in aliases:
         return f"; did you mean `{aliases[str(name)]}`?"
-    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=SIMILAR)
     return f"; did you mean `{close[0]}`?" if close else ""
 
 

@@ -136,8 +136,9 @@ def test_config_from_dict_with_a_typo_suggests_the_field() -> None:
         RLOOConfig.from_dict({"learnig_rate": 1e-5})
 
 
-def test_assigning_to_a_frozen_config_says_to_use_replace() -> None:
+def test_assigning_to_a_config_a_trainer_took_says_to_use_replace() -> None:
     args = RLOOConfig(num_generations=4)
+    args.freeze()  # what RLOOTrainer does when it takes it
     with pytest.raises(dataclasses.FrozenInstanceError, match=r"cannot set `num_generations`.*args\.replace\("):
         args.num_generations = 8
     with pytest.raises(ValueError, match=r"^RLOOConfig\.temperature=-1 is invalid: must be > 0"):
@@ -435,7 +436,7 @@ RUN_FILE_CASES: list[tuple[str, dict[str, Any], list[str], list[str]]] = [
     ("no-dataset", {"dataset": DROP}, [], ["the run file needs `dataset`"]),
     ("no-reward-funcs", {"reward_funcs": DROP}, [], ["the run file needs `reward_funcs`"]),
     ("model-not-a-string", {"model": 5}, [], ["`model` expects a path or hub id (str), got 5"]),
-    ("output-dir-not-a-string", {"output_dir": 5}, [], ["`output_dir` expects str, got 5 (int)"]),
+    ("output-dir-not-a-string", {"output_dir": 5}, [], ["`output_dir` expects str or null, got 5 (int)"]),
     ("nested-typo-override", {}, ["dataset.splt=test"], ["unknown key `dataset.splt`; did you mean `split`?"]),
     ("peft-typo-override", {"peft": {"r": 8}}, ["peft.rank=4"], ["unknown key `peft.rank`; did you mean `r`?"]),
     ("override-typo", {}, ["learnig_rate=1e-5"], ["unknown key `learnig_rate`; did you mean `learning_rate`?"]),
@@ -700,7 +701,10 @@ def test_eval_limit_and_threshold_are_checked(files: dict[str, Path]) -> None:
         ({"num_generations": "4"}, "RLOOConfig.num_generations='4' is invalid: expects int, got a str"),
         ({"learning_rate": "1e-5"}, "RLOOConfig.learning_rate='1e-5' is invalid: expects float, got a str"),
         ({"bf16": "yes"}, "RLOOConfig.bf16='yes' is invalid: expects bool | None, got a str"),
-        ({"model_init_kwargs": [1]}, "RLOOConfig.model_init_kwargs=[1] is invalid: expects Mapping"),
+        (
+            {"model_init_kwargs": [1]},
+            "RLOOConfig.model_init_kwargs=[1] is invalid: expects a mapping (or a JSON object in a string) | None",
+        ),
     ],
 )
 def test_config_values_of_the_wrong_type(values: dict[str, Any], message: str) -> None:

@@ -127,7 +127,9 @@ def train(
 
     try:
         with _one_line_errors():
-            checkpoint = _checkpoint_path(resume_from, run_file.config.output_dir)
+            checkpoint = _checkpoint_path(
+                resume_from or run_file.config.resume_from_checkpoint, run_file.config.output_dir
+            )
             trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
         if trainer.ranks.distributed:  # every file is written: skip gloo's teardown at finalization
             from rloo.training.parallel.distributed import exit_process

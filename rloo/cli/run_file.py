@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from rloo.config import RLOOConfig
+from rloo.config.grpo_names import GRPO_NAMES
 from rloo.config.legacy import REFUSED, RENAMED
 from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
@@ -75,7 +76,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 
 def _type_name(annotation: str) -> str:
-    return annotation.replace(" | None", " or null")
+    return annotation.replace(" | None", " or null").replace(" | ", " or ")
 
 
 def _as_float(value: Any) -> Any:
@@ -102,21 +103,20 @@ _CHECK: dict[str, Any] = {
 def coerce_field(name: str, value: Any, annotation: str) -> Any:
     """Check a YAML value against an RLOOConfig annotation, converting where lossless.
 
-    YAML reads ``1e-5`` as a string; a float field accepts it. A single string is accepted
-    for ``list[str]``. A wrong type raises a ``ValueError`` naming the key and the type.
+    YAML reads ``1e-5`` as a string; a float field accepts it. A value may be any alternative of
+    the annotation (``list[str] | str``: a list, or one name). A wrong type raises a ``ValueError``
+    naming the key and the type.
     """
     if value is None:
         if "None" in annotation:
             return None
         raise ValueError(f"`{name}` expects {_type_name(annotation)}, got null")
-    base = annotation.replace(" | None", "").strip()
-    kind = base.split("[")[0]
-    if base == "list[str]" and isinstance(value, str):
-        value = [value]
-    value = _CONVERT.get(kind, lambda v: v)(value)
-    if not _CHECK.get(kind, lambda v: True)(value):
-        raise ValueError(f"`{name}` expects {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
-    return value
+    kinds = [alternative.strip().split("[")[0] for alternative in annotation.split(" | ")]
+    for kind in (kind for kind in kinds if kind != "None"):  # list[str] | str: a list, or one name
+        converted = _CONVERT.get(kind, lambda v: v)(value)
+        if _CHECK.get(kind, lambda v: True)(converted):
+            return converted
+    raise ValueError(f"`{name}` expects {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
 
 
 def annotation_text(annotation: Any) -> str:
@@ -136,7 +136,8 @@ def build_config(values: dict[str, Any]) -> RLOOConfig:
     checked = {}
     for key, value in values.items():
         name = RENAMED.get(key, key)  # an older TRL name (kl_coef): RLOOConfig maps it and warns
-        if name not in fields and key not in REFUSED:  # a refused older name: RLOOConfig says what to set
+        # a refused older name: RLOOConfig says what to set; a GRPO name (loss_type): RLOOConfig translates it
+        if name not in fields and key not in REFUSED and key not in GRPO_NAMES:
             raise _unknown_key(key, valid)
         checked[key] = coerce_field(key, value, annotation_text(annotations[name])) if name in fields else value
     return RLOOConfig(**checked)

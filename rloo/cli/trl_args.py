@@ -46,7 +46,8 @@ import yaml
 
 from rloo.cli.run_file import annotation_text
 from rloo.config import RLOOConfig
-from rloo.config.fields import trl_name
+from rloo.config.fields import default_value, trl_name
+from rloo.config.grpo_names import GRPO_NAMES
 from rloo.config.legacy import REFUSED, RENAMED, refusal_reason
 from rloo.suggest import unknown_name_error
 
@@ -125,14 +126,14 @@ _TRUE, _FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
 
 def flag_kinds() -> dict[str, str]:
     """Every flag ``rloo train`` takes in TRL's form and its kind: TRL's script and model fields,
-    every ``RLOOConfig`` field (older TRL names too) and the run file's own keys."""
+    every ``RLOOConfig`` field (older TRL names and GRPO's names too) and the run file's own keys."""
     annotations = typing.get_type_hints(RLOOConfig)
     kinds = {"model": "value", "dataset": "value", "eval_dataset": "value", "peft": "dict"}
     for field in dataclasses.fields(RLOOConfig):
         if field.init:
             kinds[field.name] = _kind(annotation_text(annotations[field.name]))
     kinds.update({old: kinds[new] for old, new in RENAMED.items() if new in kinds})
-    kinds.update({old: "value" for old in REFUSED})
+    kinds.update({old: "value" for old in [*REFUSED, *GRPO_NAMES]})
     return {**kinds, **TRL_SCRIPT_FIELDS}
 
 
@@ -368,7 +369,7 @@ def fields_help() -> str:
     for field in dataclasses.fields(RLOOConfig):
         if field.init:
             trl = "" if trl_name(field) in (None, field.name) else f" TRL: {trl_name(field)}."
-            paragraphs.append(f"--{field.name} (default {field.default!r}): {field.metadata['help']}{trl}")
+            paragraphs.append(f"--{field.name} (default {default_value(field)!r}): {field.metadata['help']}{trl}")
     paragraphs.append(
         "TRL's script and model flags: "
         + ", ".join(f"--{name}" for name in TRL_SCRIPT_FIELDS if name not in REFUSED_FLAGS)

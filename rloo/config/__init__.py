@@ -8,12 +8,13 @@ __all__ = ["RLOOConfig", "as_config"]
 
 
 def as_config(args: Any) -> RLOOConfig:
-    """``args`` as the trainer takes it: an ``RLOOConfig``, or None for the defaults."""
-    if args is None:
-        return RLOOConfig()
-    if not isinstance(args, RLOOConfig):
+    """``args`` as the trainer takes it: an ``RLOOConfig``, or None for the defaults; read-only from
+    now on, so the trainer and ``config.yaml`` see the values it has now."""
+    config = RLOOConfig() if args is None else args
+    if not isinstance(config, RLOOConfig):
         raise ValueError(
             f"args must be an RLOOConfig, got a {type(args).__name__}; build one with RLOOConfig(**values) "
             "(or RLOOConfig.from_dict(values))"
         )
-    return args
+    config.freeze()
+    return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rloo.config.fields import trl_name
+from rloo.config.fields import default_value, trl_name
 from rloo.config.rloo_config import RLOOConfig
 
 
@@ -16,5 +16,5 @@ def fields_markdown() -> str:
         if f.init:
             text = f.metadata["help"].replace("|", "\\|")
             trl = "—" if trl_name(f) is None else f"`{trl_name(f)}`"
-            rows.append(f"| `{f.name}` | `{f.default!r}` | {text} | {trl} |")
+            rows.append(f"| `{f.name}` | `{default_value(f)!r}` | {text} | {trl} |")
     return "\n".join(rows)

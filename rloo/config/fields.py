@@ -8,10 +8,10 @@ the order of ``RLOOConfig``'s constructor and of the README's field table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
+from rloo.config.field_types import FloatList, FloatPair, KeywordMapping, NameList
 from rloo.config.optimizers import OPTIMIZERS
 from rloo.config.presets import PRESETS
 
@@ -25,9 +25,17 @@ def option(default: Any, help: str, *, trl: str | None = None) -> Any:
     """A constructor field with its documentation: ``help`` (what it does, unit, range; the only
     metadata key, as argparse reads it) and ``trl``, the TRL 1.13 ``RLOOConfig``/``TrainingArguments``
     field that means the same (None: no counterpart; :func:`trl_name`)."""
-    declared = field(default=default, metadata={"help": help})
+    if isinstance(default, tuple):  # a list field: transformers' HfArgumentParser reads only a default_factory
+        declared = field(default_factory=lambda: list(default), metadata={"help": help})
+    else:
+        declared = field(default=default, metadata={"help": help})
     _TRL_NAMES[declared] = trl
     return declared
+
+
+def default_value(declared: Any) -> Any:
+    """A field's default as the README and ``--help`` show it (a list field's too)."""
+    return declared.default_factory() if declared.default is MISSING else declared.default
 
 
 def trl_name(declared: Any) -> str | None:
@@ -108,14 +116,14 @@ class RLOOFields:
         "like); the padding is masked, so the math is unchanged. None = no extra padding.",
         trl="pad_to_multiple_of",
     )
-    generation_kwargs: Mapping[str, Any] | None = option(
+    generation_kwargs: KeywordMapping | None = option(
         None,
         "Extra generation settings, as TRL's: stop_strings (or vLLM's stop): a completion ends once its text "
         "contains one, kept in it; eos_token_id: more ids that end a completion (the tokenizer's and the "
         "model's generation_config.eos_token_id always do). Keys with their own field are refused.",
         trl="generation_kwargs",
     )
-    chat_template_kwargs: Mapping[str, Any] | None = option(
+    chat_template_kwargs: KeywordMapping | None = option(
         None,
         "Variables for the chat template of conversational prompts, e.g. {enable_thinking: false} (Qwen3).",
         trl="chat_template_kwargs",
@@ -212,12 +220,12 @@ class RLOOFields:
     ref_model_sync_steps: int = option(
         512, "Optimizer steps between sync_ref_model's refreshes, >= 1.", trl="ref_model_sync_steps"
     )
-    reward_weights: Sequence[float] | None = option(
+    reward_weights: FloatList | None = option(
         None,
         "One weight per reward function; the reward is the weighted sum of those that apply. None = all 1.0.",
         trl="reward_weights",
     )
-    reward_clip_range: tuple[float, float] | None = option(
+    reward_clip_range: FloatPair | None = option(
         None,
         "(min, max): clamps the combined reward before the KL penalty and the baseline. None = no clipping.",
         trl="reward_clip_range",
@@ -255,19 +263,33 @@ class RLOOFields:
     )
     warmup_ratio: float = option(
         0.0,
-        "Fraction of the optimizer steps spent in linear learning-rate warm-up, in [0, 1); used if warmup_steps is 0.",
+        "Fraction of the optimizer steps spent in linear learning-rate warm-up, in [0, 1); used if warmup_steps is 0 "
+        "(transformers 5 writes warmup_steps=0.1 instead).",
         trl="warmup_ratio",
     )
-    warmup_steps: int = option(
-        0, "Optimizer steps of linear LR warm-up, >= 0; when > 0 it overrides warmup_ratio.", trl="warmup_steps"
+    warmup_steps: float = option(
+        0,
+        "Optimizer steps of linear LR warm-up, >= 0, or a fraction of the run in (0, 1) (0.1: the first 10%, as "
+        "transformers 5); when > 0 it overrides warmup_ratio.",
+        trl="warmup_steps",
     )
     lr_scheduler_type: str = option(
-        "linear", "Learning-rate schedule: linear, cosine, constant or constant_with_warmup.", trl="lr_scheduler_type"
+        "linear",
+        "Learning-rate schedule, one of transformers' get_scheduler: linear, cosine, cosine_with_restarts, "
+        "polynomial, constant, constant_with_warmup, inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr, "
+        "warmup_stable_decay.",
+        trl="lr_scheduler_type",
+    )
+    lr_scheduler_kwargs: KeywordMapping | None = option(
+        None,
+        "Keyword arguments of the schedule, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr, {num_cycles: 2} "
+        "for cosine_with_restarts; checked when the config is built.",
+        trl="lr_scheduler_kwargs",
     )
     max_grad_norm: float = option(
         1.0, "Clip the global gradient norm to this, >= 0; 0 disables clipping.", trl="max_grad_norm"
     )
-    health_thresholds: Mapping[str, float] = option(
+    health_thresholds: KeywordMapping | None = option(
         None,
         "Live health monitors (length/KL/reward/entropy collapse, train up eval down, loss spikes): thresholds "
         "by name over the defaults (README: Health monitors); 0 turns one off. A firing monitor warns.",
@@ -307,7 +329,7 @@ class RLOOFields:
     gradient_checkpointing: bool = option(
         False, "Recompute activations in the backward: less memory, slower (TRL: True).", trl="gradient_checkpointing"
     )
-    gradient_checkpointing_kwargs: Mapping[str, Any] | None = option(
+    gradient_checkpointing_kwargs: KeywordMapping | None = option(
         None,
         "Keyword arguments of the model's gradient_checkpointing_enable, over rloo's {use_reentrant: false}.",
         trl="gradient_checkpointing_kwargs",
@@ -326,7 +348,7 @@ class RLOOFields:
         "MiB, > 0: float32 logits stay under it: the LM head runs in chunks of it (else passes split by rows).",
         trl=None,
     )
-    model_init_kwargs: Mapping[str, Any] | None = option(
+    model_init_kwargs: KeywordMapping | None = option(
         None,
         "Keyword arguments of from_pretrained for a model given by name or path. Weights load in float32 unless "
         "it names a dtype (a torch.dtype or its name, e.g. {dtype: bfloat16}); values must be YAML-writable.",
@@ -338,14 +360,17 @@ class RLOOFields:
         trl="trust_remote_code",
     )
     # --- logging and checkpoints ---
-    logging_steps: int = option(
-        10, "Log the metrics, averaged since the last log, every this many optimizer steps, >= 1.", trl="logging_steps"
+    logging_steps: float = option(
+        10,
+        "Log the metrics, averaged since the last log, every this many optimizer steps, >= 1, or a fraction of the "
+        "run in (0, 1) (0.1: every 10% of max_steps).",
+        trl="logging_steps",
     )
     logging_first_step: bool = option(False, "Also log after the first optimizer step.", trl="logging_first_step")
-    save_steps: int = option(
+    save_steps: float = option(
         500,
-        "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1: at the first generation-batch "
-        "boundary at or after each multiple, so every checkpoint resumes exactly.",
+        "Save output_dir/checkpoint-STEP every this many optimizer steps, >= 1, or a fraction of the run in (0, 1): "
+        "at the first generation-batch boundary at or after each multiple, so every checkpoint resumes exactly.",
         trl="save_steps",
     )
     save_strategy: str = option(
@@ -357,8 +382,11 @@ class RLOOFields:
     save_total_limit: int | None = option(
         None, "Keep at most this many checkpoints, deleting the oldest, >= 1; None = keep all.", trl="save_total_limit"
     )
-    eval_steps: int | None = option(
-        None, "Evaluate on the eval_dataset every this many optimizer steps, >= 1; None = never.", trl="eval_steps"
+    eval_steps: float | None = option(
+        None,
+        "Evaluate on the eval_dataset every this many optimizer steps, >= 1, or a fraction of the run in (0, 1); "
+        "None = never.",
+        trl="eval_steps",
     )
     eval_strategy: str | None = option(
         None,
@@ -390,7 +418,7 @@ class RLOOFields:
         "None = as many as a training generation batch.",
         trl="per_device_eval_batch_size",
     )
-    report_to: Sequence[str] = option(
+    report_to: NameList = option(
         ("none",),
         "Experiment trackers besides metrics.jsonl, through accelerate: none, all (every installed one), "
         "tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab, or a tracker registered "

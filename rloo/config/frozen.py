@@ -1,6 +1,11 @@
-"""``FrozenAfterInit``: a dataclass base that rejects unknown keywords with the closest field name
-and becomes read-only once ``__post_init__`` calls ``_freeze()``. A subclass may rewrite its
-constructor keywords first (``_translate_keywords``: older names -> today's).
+"""``FrozenAfterInit``: a dataclass base that rejects unknown keywords with the closest field name,
+validates on construction, validates again on every assignment, and becomes read-only once its
+consumer calls ``freeze()`` (``RLOOTrainer`` does when it takes the config). A subclass may rewrite
+its constructor keywords first (``_translate_keywords``: older names -> today's).
+
+An assignment between construction and ``freeze()`` builds the object anew with the change
+(``_assign``), so a script may set a field after parsing (as TRL's own scripts do) and what the
+trainer reads is still one validated, resolved whole, the values ``config.yaml`` records.
 
 Not ``@dataclass(frozen=True)``: ``__post_init__`` must normalize and resolve fields (presets,
 tuples, mappings) before the object is frozen, and the errors name the fix
@@ -27,6 +32,7 @@ class _TranslatesKeywords(type):
 
 
 class FrozenAfterInit(metaclass=_TranslatesKeywords):
+    _validated: bool
     _frozen: bool
 
     @staticmethod
@@ -44,16 +50,35 @@ class FrozenAfterInit(metaclass=_TranslatesKeywords):
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 
-    def _freeze(self) -> None:
+    def _validated_now(self) -> None:
+        """Called at the end of ``__post_init__``: assignments from now on re-validate."""
+        object.__setattr__(self, "_validated", True)
+
+    def _assign(self, name: str, value: Any) -> None:
+        """``self.name = value`` after construction: the subclass rebuilds itself validated."""
+        raise NotImplementedError
+
+    def freeze(self) -> None:
+        """Read-only from now on (the consumer took the values)."""
         object.__setattr__(self, "_frozen", True)
 
+    @property
+    def frozen(self) -> bool:
+        return bool(self.__dict__.get("_frozen", False))
+
     def __setattr__(self, name: str, value: Any) -> None:
-        if self.__dict__.get("_frozen", False):
+        if self.frozen:
             raise dataclasses.FrozenInstanceError(
-                f"{type(self).__name__} is frozen once validated (the trainer and config.yaml must see the same "
-                f"values); cannot set `{name}`. Build a changed copy with `args.replace({name}=...)`"
+                f"{type(self).__name__} is read-only once a trainer took it (the trainer and config.yaml must see "
+                f"the same values); cannot set `{name}`. Set it before creating the trainer, or give a new trainer a "
+                f"changed copy: `args.replace({name}=...)`"
             )
-        object.__setattr__(self, name, value)
+        if self.__dict__.get("_validated", False):
+            self._assign(name, value)
+        else:  # the dataclass __init__
+            object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"{type(self).__name__} is frozen once validated; cannot delete `{name}`")
+        raise dataclasses.FrozenInstanceError(
+            f"{type(self).__name__} fields cannot be deleted; set `{name}` to a value, or None for its default"
+        )

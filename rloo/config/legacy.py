@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from rloo.config.elsewhere import ELSEWHERE
+from rloo.config.grpo_names import translate_grpo_names
 from rloo.config.passthrough import lift_generation_fields
 
 # older TRL name -> today's field, same meaning (TRL v0.22.0 _DEPRECATED_PARAMS)
@@ -70,16 +72,18 @@ def refusal_reason(name: str) -> str | None:
 
 
 def unsupported_reason(name: str) -> str | None:
-    """Why rloo refuses TRL field ``name`` (the vLLM family and the other generation engines), or None."""
+    """Why rloo refuses TRL field ``name`` (the vLLM family and the other generation engines, and the
+    fields of TRL and transformers rloo has no equal for: :data:`rloo.config.elsewhere.ELSEWHERE`), or None."""
     if name.startswith("vllm_"):
         return UNSUPPORTED["use_vllm"]
-    return UNSUPPORTED.get(name)
+    return UNSUPPORTED.get(name) or ELSEWHERE.get(name)
 
 
 def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
-    ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`).
+    ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`),
+    and GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.grpo_names`).
     Raises ``ValueError`` for a refused name, and for an older and a current name of one field
     given different values (naming both). Called by the constructor and by ``replace``;
     ``stacklevel=3`` points the warning at the caller of either.
@@ -105,7 +109,7 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             FutureWarning,
             stacklevel=3,
         )
-    return lift_generation_fields(out)
+    return lift_generation_fields(translate_grpo_names(out))
 
 
 def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:

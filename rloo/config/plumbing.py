@@ -7,10 +7,9 @@ constructor and the README's table).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from rloo.config.field_types import KeywordMapping
 from rloo.config.fields import option
 
 
@@ -28,7 +27,7 @@ class PlumbingFields:
         "Accepted for TRL scripts: None or dynamic. rloo's sampler keeps its own preallocated KV cache.",
         trl="cache_implementation",
     )
-    accelerator_config: Mapping[str, Any] | None = option(
+    accelerator_config: KeywordMapping | None = option(
         None,
         "transformers' AcceleratorConfig, for TRL scripts: only values that match what rloo does are accepted "
         "(it uses no accelerate data loader: every process draws the same prompt order and keeps its share).",
@@ -70,4 +69,11 @@ class PlumbingFields:
     )
     hub_private_repo: bool | None = option(
         None, "Create the hub repo private (None: the hub's default).", trl="hub_private_repo"
+    )
+    resume_from_checkpoint: str | None = option(
+        None,
+        "A checkpoint folder to resume from, as transformers' field: scripts pass it on, "
+        "trainer.train(resume_from_checkpoint=args.resume_from_checkpoint) (the trainer does not read it itself); "
+        "rloo train resumes from it as from --resume-from.",
+        trl="resume_from_checkpoint",
     )

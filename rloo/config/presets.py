@@ -88,6 +88,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss_aggregation": "seq_mean_token_sum_norm",
         "beta": 0.0,
     },
+    # TRL 1.16's GRPOConfig defaults (GRPOConfig's preset): group mean/std advantages, per-token
+    # ratio, loss_type "dapo" (the tokens of the whole step), no KL.
+    "trl_grpo": {
+        **_TRL,
+        "advantage_estimator": "grpo",
+        "kl_estimator": "k3",
+        "kl_placement": "loss",
+        "ratio_level": "token",
+        "loss_aggregation": "token_mean",
+        "beta": 0.0,
+    },
     # DAPO (Yu et al. 2025): clip-higher, token-level loss, no KL, overlong filtering.
     "dapo": {
         **_TRL,

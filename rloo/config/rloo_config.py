@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from rloo.config.field_types import CONTAINER_KINDS, parse_json_object
 from rloo.config.fields import RLOOFields
 from rloo.config.frozen import FrozenAfterInit
 from rloo.config.health import resolve_health_thresholds
@@ -31,7 +32,11 @@ from rloo.config.legacy import accept_older_names
 from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
 from rloo.config.plumbing import PlumbingFields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
-from rloo.config.validation import fail, validate
+from rloo.config.schedule import optimizer_steps, whole_if_integral
+from rloo.config.validation import declared_annotation, fail, validate
+
+# step counts that may be given as a fraction of the run (rloo.config.schedule)
+STEP_FIELDS = ("warmup_steps", "logging_steps", "save_steps", "eval_steps")
 
 
 @dataclass
@@ -44,6 +49,7 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
     algorithm: AlgorithmSpec = field(init=False, repr=False)
     preset_overrides: dict[str, tuple[Any, Any]] = field(init=False, repr=False)
     _given: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _validated: bool = field(init=False, repr=False, compare=False, default=False)
     _frozen: bool = field(init=False, repr=False, compare=False, default=False)
     _translate_keywords = staticmethod(accept_older_names)  # kl_coef=... -> beta=..., before __init__
 
@@ -52,16 +58,17 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
             value: Any = getattr(self, name)
             if type(value) not in (int, float, bool) and isinstance(value, numbers.Number) and hasattr(value, "item"):
                 self._set(name, value.item())
-        if isinstance(self.report_to, str):
-            self._set("report_to", [self.report_to])
+        self._parse_flag_values()
         if self.reward_clip_range is not None:
             self._set("reward_clip_range", tuple(self.reward_clip_range))
         self._set("health_thresholds", MappingProxyType(resolve_health_thresholds(self.health_thresholds)))
-        # the preset knobs as the user gave them (None = from the preset), for replace()
-        self._set("_given", {key: getattr(self, key) for key in PRESET_KEYS})
+        # the fields resolved here as the user gave them (None = from the preset, or from eval_steps), for replace()
+        self._set("_given", {key: getattr(self, key) for key in (*PRESET_KEYS, "eval_strategy")})
+        if self.eval_strategy is None:  # resolved, so that scripts reading it (TRL's: != "no") see TRL's values
+            self._set("eval_strategy", "steps" if self.eval_steps is not None else "no")
         if self.preset not in PRESETS:
             raise fail("preset", self.preset, f"choose one of {sorted(PRESETS)}")
-        resolved, overrides = resolve_preset(self.preset, self._given)
+        resolved, overrides = resolve_preset(self.preset, {key: self._given[key] for key in PRESET_KEYS})
         for key, value in resolved.items():
             self._set(key, value)
         self._set("preset_overrides", overrides)
@@ -70,7 +77,31 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
             self._set("torch_compile", True)  # as transformers' TrainingArguments
         validate(self)
         self._freeze_containers()
-        self._freeze()
+        self._validated_now()
+
+    def _assign(self, name: str, value: Any) -> None:
+        """``args.name = value``: the config rebuilt with the change (validated; the algorithm knobs
+        left unset follow the preset again) takes this object's place, field by field."""
+        for key, changed in vars(self.replace(**{name: value})).items():
+            self._set(key, changed)
+
+    def _parse_flag_values(self) -> None:
+        """Values as a command line gives them (transformers' HfArgumentParser, TRL's TrlParser):
+        a JSON object for a mapping field, one name for ``report_to`` (:mod:`rloo.config.field_types`)."""
+        if isinstance(self.report_to, str):
+            self._set("report_to", [self.report_to])
+        for name in STEP_FIELDS:  # --logging_steps 10 parses as 10.0: config.yaml records 10
+            self._set(name, whole_if_integral(getattr(self, name)))
+        for name in self.field_names():
+            value = getattr(self, name)
+            if (
+                isinstance(value, str)
+                and CONTAINER_KINDS.get(declared_annotation(RLOOConfig, name).split(" |")[0]) == "mapping"
+            ):
+                try:
+                    self._set(name, parse_json_object(value))
+                except ValueError as err:
+                    raise fail(name, value, str(err)) from None
 
     def _freeze_containers(self) -> None:
         """Containers become immutable too (a frozen config holds no list to append to); the keyword
@@ -83,6 +114,7 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
             ("generation_kwargs", normalize_generation_kwargs),
             ("chat_template_kwargs", check_writable),
             ("gradient_checkpointing_kwargs", check_writable),
+            ("lr_scheduler_kwargs", check_writable),
             ("accelerator_config", check_writable),
         ):
             if getattr(self, name) is not None:
@@ -117,7 +149,7 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
         """
         changes = accept_older_names(changes)
         given = {key: value for key, value in self._given.items() if key not in changes}
-        return RLOOConfig(**{**self.to_dict(), **given, **changes})
+        return type(self)(**{**self.to_dict(), **given, **changes})
 
     def describe_algorithm(self) -> str:
         """The resolved formula, printed by the trainer at start-up."""
@@ -142,10 +174,16 @@ class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
     def prompts_per_generation(self) -> int:
         return self.completions_per_generation // self.num_generations
 
+    def steps(self, name: str, max_steps: int) -> int:
+        """Field ``name`` of :data:`STEP_FIELDS` in optimizer steps: a fraction in (0, 1) is that share of
+        ``max_steps``, rounded up (transformers 5); None (no ``eval_steps``) is 0."""
+        value = getattr(self, name)
+        return 0 if value is None else optimizer_steps(value, max_steps)
+
     @property
     def evaluation_strategy(self) -> str:
-        """``eval_strategy`` resolved: None is ``steps`` with ``eval_steps``, else ``no``."""
-        return self.eval_strategy or ("steps" if self.eval_steps is not None else "no")
+        """``eval_strategy`` as resolved at construction: None is ``steps`` with ``eval_steps``, else ``no``."""
+        return self.eval_strategy or "no"
 
     @property
     def eval_prompts_per_batch(self) -> int:

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rloo.algo.losses import AGGREGATION_MODES, POLICY_LOSSES
+from rloo.config.field_types import CONTAINER_KINDS, shown_type
 from rloo.config.optimizers import OPTIMIZERS, parse_optim_args
+from rloo.config.schedule import scheduler_problem, steps_problem
 from rloo.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from rloo.config.rloo_config import RLOOConfig
 
 STRATEGIES: tuple[str, ...] = ("steps", "epoch", "no")  # transformers' IntervalStrategy values
-LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
 # report_to: accelerate's trackers (rloo.training.monitoring.trackers), "all" installed ones, or "none"
 REPORT_SINKS: tuple[str, ...] = (
     "none",
@@ -69,9 +70,8 @@ _KINDS = {
     "float": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
-    "Sequence": lambda v: isinstance(v, list | tuple),
-    "tuple": lambda v: isinstance(v, list | tuple),
-    "Mapping": lambda v: isinstance(v, Mapping),
+    "list": lambda v: isinstance(v, list | tuple),
+    "mapping": lambda v: isinstance(v, Mapping),
 }
 
 
@@ -94,8 +94,9 @@ def _check_types(config: RLOOConfig) -> None:
         if value is None and "None" in annotation:
             continue
         kind = annotation.replace(" | None", "").split("[")[0].strip()
+        kind = CONTAINER_KINDS.get(kind, kind)
         if kind in _KINDS and not _KINDS[kind](value):
-            raise fail(item.name, value, f"expects {annotation}, got a {type(value).__name__}")
+            raise fail(item.name, value, f"expects {shown_type(annotation)}, got a {type(value).__name__}")
 
 
 def _check_finite(config: RLOOConfig) -> None:
@@ -193,12 +194,15 @@ def _check_optimizer(config: RLOOConfig) -> None:
 def _check_optimization(config: RLOOConfig) -> None:
     if not config.learning_rate > 0:
         raise fail("learning_rate", config.learning_rate, "must be > 0 (1e-6 is typical for RL on LLMs)")
-    if config.lr_scheduler_type not in LR_SCHEDULERS:
-        raise fail("lr_scheduler_type", config.lr_scheduler_type, f"choose one of {list(LR_SCHEDULERS)}")
+    schedule = scheduler_problem(config.lr_scheduler_type, config.lr_scheduler_kwargs)
+    if schedule is not None:
+        name, fix = schedule
+        raise fail(name, getattr(config, name), fix)
     if not 0 <= config.warmup_ratio < 1:
         raise fail("warmup_ratio", config.warmup_ratio, "must be in [0, 1)")
-    if config.warmup_steps < 0:
-        raise fail("warmup_steps", config.warmup_steps, "must be >= 0")
+    problem = steps_problem(config.warmup_steps, zero_allowed=True)
+    if problem is not None:
+        raise fail("warmup_steps", config.warmup_steps, problem)
     if not config.max_grad_norm >= 0:
         raise fail("max_grad_norm", config.max_grad_norm, "must be >= 0 (0 disables gradient clipping)")
     if not config.weight_decay >= 0:
@@ -349,15 +353,16 @@ def _registered_tracker(name: str) -> bool:
 
 
 def _check_logging(config: RLOOConfig) -> None:
-    for name in ("logging_steps", "save_steps"):
-        if getattr(config, name) < 1:
-            raise fail(name, getattr(config, name), "must be >= 1")
+    for name in ("logging_steps", "save_steps", "eval_steps"):
+        problem = None if getattr(config, name) is None else steps_problem(getattr(config, name))
+        if problem is not None:
+            raise fail(
+                name, getattr(config, name), problem + (", or None to skip evaluation" if name == "eval_steps" else "")
+            )
     if config.save_total_limit is not None and config.save_total_limit < 1:
         raise fail("save_total_limit", config.save_total_limit, "must be >= 1, or None to keep every checkpoint")
     if config.num_generations_eval is not None and config.num_generations_eval < 1:
         raise fail("num_generations_eval", config.num_generations_eval, "must be >= 1, or None for num_generations")
-    if config.eval_steps is not None and config.eval_steps < 1:
-        raise fail("eval_steps", config.eval_steps, "must be >= 1, or None to skip evaluation")
     _check_schedules(config)
     for sink in config.report_to:
         if sink not in REPORT_SINKS and not _registered_tracker(sink):

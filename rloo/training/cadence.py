@@ -11,21 +11,22 @@ from __future__ import annotations
 from rloo.config import RLOOConfig
 
 
-def evaluation_due(args: RLOOConfig, step: int, epoch_ended: bool) -> bool:
+def evaluation_due(args: RLOOConfig, step: int, max_steps: int, epoch_ended: bool) -> bool:
     strategy = args.evaluation_strategy
     if strategy == "steps":
-        return args.eval_steps is not None and step % args.eval_steps == 0
+        every = args.steps("eval_steps", max_steps)
+        return every > 0 and step % every == 0
     return strategy == "epoch" and epoch_ended
 
 
-def checkpoint_due(args: RLOOConfig, step: int, epoch_ended: bool) -> bool:
+def checkpoint_due(args: RLOOConfig, step: int, max_steps: int, epoch_ended: bool) -> bool:
     if args.save_strategy == "steps":
-        return step % args.save_steps == 0
+        return step % args.steps("save_steps", max_steps) == 0
     return args.save_strategy == "epoch" and epoch_ended
 
 
 def evaluation_setting(args: RLOOConfig) -> str | None:
     """The setting that asks for evaluation, as ``field=value`` (for an error naming it), or None."""
-    if args.eval_strategy not in (None, "no"):
-        return f"eval_strategy={args.eval_strategy!r}"
-    return f"eval_steps={args.eval_steps}" if args.evaluation_strategy == "steps" else None
+    if args.evaluation_strategy == "steps":
+        return f"eval_steps={args.eval_steps}"
+    return None if args.evaluation_strategy == "no" else f"eval_strategy={args.evaluation_strategy!r}"

@@ -48,7 +48,7 @@ from rloo.training.callbacks import Callbacks
 from rloo.training.checkpointing import checkpoints
 from rloo.training.checkpointing.best_model import BestModel
 from rloo.training.checkpointing.checkpoints import rng_state
-from rloo.training.checkpointing.hub import push_run
+from rloo.training.checkpointing.hub import hub_repo_id, push_run
 from rloo.training.checkpointing.run_folder import (
     config_yaml,
     open_run,
@@ -121,7 +121,7 @@ class RLOOTrainer:
         self.console = log_console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
         # no output_dir: a fresh runs/rloo-N, chosen by the main process for all (config.yaml records it)
         args, self.output_dir = with_run_folder(args, self.ranks.on_main)
-        self.args = args
+        self.args = args = as_config(args)  # the copy naming the fresh folder is read-only too
         self.train_dataset, self.eval_dataset = load_train_and_eval(
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
@@ -184,6 +184,7 @@ class RLOOTrainer:
         )
         self.aux_loss_enabled = self.updater.aux_loss_coef > 0  # TRL's attribute: a MoE model's router loss is added
         self.timer = PhaseTimer()
+        assert args.health_thresholds is not None  # resolved (all keys) by RLOOConfig
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
         self.best = BestModel(args=args, output_dir=self.output_dir)
@@ -298,7 +299,7 @@ class RLOOTrainer:
         assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
         batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
-        if args.log_completions and step % args.logging_steps == 0:
+        if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
             self.experience.log_completions(step, scored, batch.advantages)
         if self.grad_variance is not None and self.grad_variance.due(step):
             rewards, scorable = batch.rewards, scored.rewards.scorable
@@ -368,11 +369,12 @@ class RLOOTrainer:
         callbacks = self.callback_handler
         callbacks.fire("on_step_end")  # a TrainerCallback's control flags add to the schedule
         first = args.logging_first_step and state.global_step == 1
-        log_due = state.global_step % args.logging_steps == 0 or state.global_step == state.max_steps or first
+        log_due = state.global_step % args.steps("logging_steps", state.max_steps) == 0
+        log_due = log_due or state.global_step == state.max_steps or first
         if callbacks.requested("should_log") or log_due:
             self._log(mean_metrics(self._window))
             self._window = []
-        evaluate_due = evaluation_due(args, state.global_step, epoch_ended)
+        evaluate_due = evaluation_due(args, state.global_step, state.max_steps, epoch_ended)
         if self.eval_dataset is not None and (callbacks.requested("should_evaluate") or evaluate_due):
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
@@ -385,7 +387,7 @@ class RLOOTrainer:
                 state.best_model_checkpoint = str(self.best.folder)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
-        if checkpoint_due(args, state.global_step, epoch_ended) or callbacks.requested("should_save"):
+        if checkpoint_due(args, state.global_step, state.max_steps, epoch_ended) or callbacks.requested("should_save"):
             self._checkpoint_due = True  # written once this generation batch is used up
 
     def _raise_alerts(self, alerts: list[Alert], metrics: dict[str, float]) -> None:
@@ -467,6 +469,17 @@ class RLOOTrainer:
         folder = self.save_model(str(self.output_dir / "final"))
         push = functools.partial(push_run, folder, self.unwrapped_model, self.args, self.state.log_history)
         return self.ranks.on_main(lambda: push(dataset_name, commit_message)) or ""
+
+    @property
+    def hub_model_id(self) -> str:
+        """The hub repo ``push_to_hub`` uploads to (TRL's scripts print it)."""
+        return hub_repo_id(self.args)
+
+    def end(self) -> None:
+        """Finish the trackers and leave the process group, as transformers' ``Trainer.end()``: once, at
+        the very end of a script (``train``, ``evaluate``, ``save_model`` and ``push_to_hub`` need the group)."""
+        self.trackers.finish()
+        self.accelerator.end_training()
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Save the policy (the adapter only, for PEFT) and the tokenizer as safetensors."""

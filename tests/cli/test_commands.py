@@ -120,7 +120,7 @@ def test_overrides_set_floats_nested_keys_and_lora(tmp_path: Path, files: dict[s
         ({}, ["learning_rate"], "must look like key=value"),
         ({"reward_weights": [1.0, 1.0]}, [], "either as `weight:` in reward_funcs or as `reward_weights`, not both"),
         ({"peft": {"target_modules": ["q_proj"], "rank": 4}}, [], "did you mean `r`?"),
-        ({"reward_clip_range": 5}, [], "`reward_clip_range` expects tuple[float, float] or null, got 5"),
+        ({"reward_clip_range": 5}, [], "`reward_clip_range` expects list[float] or null, got 5"),
     ],
     ids=[
         *("top-level", "nested", "type", "peft-override", "no-model", "config", "no-equals", "two-weights", "peft"),

@@ -14,6 +14,7 @@ import yaml
 
 from rloo.cli.trl_args import TRL_LORA_DEFAULTS, parse_tokens, trl_to_run
 from rloo.config import RLOOConfig
+from rloo.config.fields import default_value
 from tests.helpers.cli import flat, invoke
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -336,5 +337,18 @@ def test_train_help_lists_every_config_field_with_its_default() -> None:
     text = flat(result.output)
     for field in dataclasses.fields(RLOOConfig):
         if field.init:
-            assert f"--{field.name} (default {field.default!r})" in text, field.name
+            assert f"--{field.name} (default {default_value(field)!r})" in text, field.name
     assert "--model_name_or_path" in text and "--use_peft" in text
+
+
+def test_grpo_names_and_fields_rloo_lacks_as_flags(tmp_path: Path) -> None:
+    # before: `--loss_type dapo` was "unknown flag ... did you mean `--lora_task_type`?"
+    common = ["--model_name_or_path", "m", "--dataset_name", "d", "--reward_funcs", "think_format_reward"]
+    result = invoke("train", *common, "--loss_type", "dapo", "--scale_rewards", "false", "--print-config")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["loss_aggregation"] == "token_mean" and resolved["advantage_estimator"] == "group_mean"
+    result = invoke("train", *common, "--deepspeed", "ds.json")
+    assert result.exit_code == 2
+    assert "`--deepspeed` is a TRL setting rloo does not support" in flat(result.stderr)
+    assert "FSDP2" in flat(result.stderr) and "did you mean" not in result.stderr

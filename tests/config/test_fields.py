@@ -41,3 +41,41 @@ def test_the_trl_counterparts_stay_out_of_argparse_metadata() -> None:
     assert all(set(f.metadata) == {"help"} for f in declared)
     names = {f.name: trl_name(f) for f in declared}
     assert names["learning_rate"] == "learning_rate" and names["preset"] is None
+
+
+def test_list_and_mapping_fields_parse_from_flags(tmp_path: Path) -> None:
+    # before: `--reward_weights 1.0 0.5` was "invalid Sequence value" (argparse called Sequence('1.0')),
+    # and a mapping field could not be given at all
+    flags = ["--output_dir", str(tmp_path), "--reward_weights", "1.0", "0.5", "--report_to", "tensorboard"]
+    flags += ["--reward_clip_range", "-2", "2", "--model_init_kwargs", '{"dtype": "bfloat16"}']
+    flags += ["--generation_kwargs", '{"stop_strings": ["\\n\\n"]}', "--health_thresholds", '{"window": 3}']
+    (args,) = HfArgumentParser(RLOOConfig).parse_args_into_dataclasses(flags)
+    assert args.reward_weights == (1.0, 0.5) and args.report_to == ("tensorboard",)
+    assert args.reward_clip_range == (-2.0, 2.0) and args.model_init_kwargs == {"dtype": "bfloat16"}
+    assert args.stop_strings == ("\n\n",) and args.health_thresholds["window"] == 3
+    (defaults,) = HfArgumentParser(RLOOConfig).parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    assert defaults.to_dict() == RLOOConfig(output_dir=str(tmp_path)).to_dict()  # a list field's default too
+
+
+def test_a_mapping_field_given_a_string_must_hold_a_json_object(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"init_kwargs='dtype=bfloat16' is invalid: expects a mapping, or a JSON"):
+        RLOOConfig(output_dir=str(tmp_path), model_init_kwargs="dtype=bfloat16")
+    with pytest.raises(ValueError, match=r"not a JSON list"):
+        RLOOConfig(output_dir=str(tmp_path), generation_kwargs="[1, 2]")
+
+
+def test_trlparser_reads_a_trl_yaml_with_list_and_mapping_fields(tmp_path: Path) -> None:
+    from trl import ModelConfig, ScriptArguments, TrlParser
+
+    config = tmp_path / "recipe.yaml"
+    config.write_text(
+        "model_name_or_path: Qwen/Qwen3-0.6B\ndataset_name: trl-lib/DeepMath-103K\nlearning_rate: 1.0e-6\n"
+        "reward_weights: [1.0, 0.2]\nreport_to: [tensorboard]\nmodel_init_kwargs: {dtype: bfloat16}\n"
+        f"output_dir: {tmp_path / 'run'}\nnum_generations: 8\n"
+    )
+    parser = TrlParser((ScriptArguments, RLOOConfig, ModelConfig))
+    script, args, model = parser.parse_args_and_config(["--config", str(config), "--num_generations", "4"])
+    assert script.dataset_name == "trl-lib/DeepMath-103K" and model.model_name_or_path == "Qwen/Qwen3-0.6B"
+    assert isinstance(args, RLOOConfig) and args.num_generations == 4  # a flag wins over the file, as in TRL
+    assert args.learning_rate == 1e-6 and args.reward_weights == (1.0, 0.2) and args.report_to == ("tensorboard",)
+    assert args.model_init_kwargs == {"dtype": "bfloat16"}

@@ -63,7 +63,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     # --- optimization ---
     ({"learning_rate": 0.0}, "learning_rate", 0.0, "must be > 0"),
     ({"learning_rate": -1e-6}, "learning_rate", -1e-6, "must be > 0"),
-    ({"lr_scheduler_type": "cosine_with_restarts"}, "lr_scheduler_type", "cosine_with_restarts", "'linear'"),
+    ({"lr_scheduler_type": "cosine_restarts"}, "lr_scheduler_type", "cosine_restarts", "'cosine_with_restarts'"),
     ({"warmup_ratio": 1.0}, "warmup_ratio", 1.0, "must be in [0, 1)"),
     ({"warmup_ratio": -0.1}, "warmup_ratio", -0.1, "must be in [0, 1)"),
     ({"warmup_steps": -1}, "warmup_steps", -1, "must be >= 0"),
@@ -127,8 +127,8 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"ref_model_sync_steps": 0}, "ref_model_sync_steps", 0, "must be >= 1"),
     ({"sync_ref_model": True, "beta": 0.0}, "sync_ref_model", True, "set beta > 0"),
     # --- logging and checkpoints ---
-    ({"logging_steps": 0}, "logging_steps", 0, "must be >= 1"),
-    ({"save_steps": 0}, "save_steps", 0, "must be >= 1"),
+    ({"logging_steps": 0}, "logging_steps", 0, "must be > 0"),
+    ({"save_steps": 0}, "save_steps", 0, "must be > 0"),
     ({"save_total_limit": 0}, "save_total_limit", 0, "or None to keep every checkpoint"),
     ({"eval_steps": 0}, "eval_steps", 0, "or None to skip evaluation"),
     ({"load_best_model_at_end": True}, "load_best_model_at_end", True, "it needs evaluations"),
@@ -257,6 +257,15 @@ DOCUMENTED = {
         "advantage_estimator": "group_mean",
         "kl_estimator": "k3",
         "loss_aggregation": "seq_mean_token_sum_norm",
+        "beta": 0.0,
+    },
+    # TRL 1.16 GRPOConfig's defaults: scale_rewards="group", loss_type="dapo", beta=0.0
+    "trl_grpo": {
+        **_TRL,
+        **_TOKEN_LOSS,
+        "advantage_estimator": "grpo",
+        "kl_estimator": "k3",
+        "loss_aggregation": "token_mean",
         "beta": 0.0,
     },
     "dapo": {
@@ -430,18 +439,39 @@ def test_from_dict_suggests_closest_field() -> None:
     assert RLOOConfig.from_dict({"num_generations": 4}).num_generations == 4
 
 
-def test_config_is_frozen_so_a_late_change_is_never_silently_ignored() -> None:
-    # before: `args.beta = 0.5` after construction reached config.yaml while the trainer kept
-    # the resolved copy (beta 0.05): the run file and the run disagreed
+def test_an_assignment_rebuilds_the_config_so_a_late_change_is_never_half_applied() -> None:
+    # once: `args.beta = 0.5` after construction reached config.yaml while the trainer kept the
+    # resolved copy (beta 0.05). Then the config refused every assignment, and TRL's own script
+    # (`training_args.model_init_kwargs = ...` after parsing) died. Now an assignment re-validates
+    # and re-resolves the whole config; it is read-only once a trainer took it.
     args = RLOOConfig()
-    with pytest.raises(dataclasses.FrozenInstanceError, match=r"args\.replace\(beta=\.\.\.\)"):
-        args.beta = 0.5
+    args.beta = 0.5
+    assert args.beta == args.algorithm.beta == args.to_dict()["beta"] == 0.5
+    args.preset = "grpo"  # the knobs left unset follow the new preset; beta was set by hand
+    assert args.algorithm.advantage_estimator == "grpo" and args.beta == 0.5
+    args.model_init_kwargs = {"dtype": "bfloat16"}
+    with pytest.raises(TypeError):  # normalized and read-only like a constructor argument
+        args.model_init_kwargs["dtype"] = "float32"  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"^RLOOConfig\.temperature=-1 is invalid"):
+        args.temperature = -1
+    assert args.temperature == 1.0  # a refused assignment changes nothing
+    with pytest.raises(ValueError, match=r"^unknown RLOOConfig field `learnig_rate`; did you mean `learning_rate`"):
+        args.learnig_rate = 1e-5
     with pytest.raises(dataclasses.FrozenInstanceError):
         del args.seed
-    assert args.beta == args.algorithm.beta == args.to_dict()["beta"] == 0.05
-    changed = args.replace(beta=0.5)
-    assert changed.beta == changed.algorithm.beta == changed.to_dict()["beta"] == 0.5
-    assert args.beta == 0.05  # the original is untouched
+    args.freeze()
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"once a trainer took it.*args\.replace\(beta=\.\.\.\)"):
+        args.beta = 0.1
+    changed = args.replace(beta=0.1)
+    assert changed.beta == changed.algorithm.beta == 0.1 and not changed.frozen
+    assert args.beta == 0.5  # the original is untouched
+
+
+def test_an_older_name_assigned_maps_like_a_keyword() -> None:
+    args = RLOOConfig()
+    with pytest.warns(FutureWarning, match="kl_coef"):
+        args.kl_coef = 0.2
+    assert args.beta == 0.2
 
 
 def test_config_containers_are_immutable_too() -> None:

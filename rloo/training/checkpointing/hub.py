@@ -78,12 +78,18 @@ def push_folder(
     return str(getattr(info, "commit_url", info))
 
 
+def hub_repo_id(args: Any) -> str:
+    """The hub repo a run pushes to: ``hub_model_id``, else the run folder's name (the hub puts a
+    bare name under the token's user)."""
+    return args.hub_model_id or Path(args.output_dir).name
+
+
 def push_run(
     folder: Path, model: Any, args: Any, log_history: list[dict[str, float]], dataset_name: str | None, message: str
 ) -> str:
     """Write the model card into the saved ``folder`` and push it to ``args.hub_model_id`` (or the
     run folder's name); the card shows the last value of each logged metric."""
-    repo_id = args.hub_model_id or Path(args.output_dir).name
+    repo_id = hub_repo_id(args)
     metrics = {key: value for row in log_history for key, value in row.items()}
     base = getattr(getattr(model, "config", None), "name_or_path", None) or None
     (folder / "README.md").write_text(model_card(repo_id, base, dataset_name, args, metrics))

@@ -94,12 +94,16 @@ def check_optimizer_available(optim: str) -> None:
 
 def build_optimizer(model: nn.Module, args: RLOOConfig, max_steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """The ``optim`` optimizer over the trainable parameters (AdamW by default), and the
-    ``lr_scheduler_type`` schedule with warmup (``warmup_steps``, else ``warmup_ratio`` of ``max_steps``)."""
+    ``lr_scheduler_type`` schedule with ``lr_scheduler_kwargs`` and warmup (``warmup_steps``, a count or a
+    fraction of ``max_steps``, else ``warmup_ratio`` of ``max_steps``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer_cls, kwargs = optimizer_class_and_kwargs(args)
     optimizer = optimizer_cls(trainable, **kwargs)
-    warmup = args.warmup_steps or math.ceil(args.warmup_ratio * max_steps)
-    return optimizer, get_scheduler(args.lr_scheduler_type, optimizer, warmup, max_steps)
+    warmup = args.steps("warmup_steps", max_steps) or math.ceil(args.warmup_ratio * max_steps)
+    schedule_kwargs = dict(args.lr_scheduler_kwargs or {})
+    return optimizer, get_scheduler(
+        args.lr_scheduler_type, optimizer, warmup, max_steps, scheduler_specific_kwargs=schedule_kwargs
+    )
 
 
 def zero_grads_if_none(model: nn.Module) -> None:

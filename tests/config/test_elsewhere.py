@@ -1,0 +1,49 @@
+"""Every field of TRL's RLOOConfig and GRPOConfig (transformers' TrainingArguments under them) is
+either an RLOOConfig field, an older or GRPO name rloo translates, or refused saying what rloo does
+instead: none ends in a bare "unknown field", or in a "did you mean" of a field that only looks alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rloo import RLOOConfig
+from rloo.config.elsewhere import ELSEWHERE
+from rloo.config.grpo_names import GRPO_NAMES
+from rloo.config.legacy import RENAMED, refusal_reason
+
+
+def test_every_trl_field_rloo_lacks_has_a_reason() -> None:
+    import trl
+
+    ours = set(RLOOConfig.field_names()) | set(RENAMED) | set(GRPO_NAMES)
+    theirs = {f.name for config in (trl.RLOOConfig, trl.GRPOConfig) for f in dataclasses.fields(config) if f.init}
+    lacking = sorted(name for name in theirs - ours if refusal_reason(name) is None)
+    assert not lacking, f"TRL {trl.__version__} fields with no reason in rloo/config/elsewhere.py: {lacking}"
+    assert set(ELSEWHERE) <= theirs, "ELSEWHERE names a field TRL does not have"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("deepspeed", "FSDP2"),  # before: "did you mean `seed`?"
+        ("log_level", "TRANSFORMERS_VERBOSITY"),  # before: "did you mean `ratio_level`?"
+        ("disable_tqdm", "only on a terminal"),  # before: "did you mean `disable_dropout`?"
+        ("dataloader_pin_memory", "no DataLoader"),
+    ],
+)
+def test_a_trl_field_rloo_lacks_says_what_rloo_does_instead(tmp_path: Path, name: str, says: str) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^RLOOConfig\({name}=\.\.\.\) is a TRL setting rloo does not support: .*{says}"
+    ):
+        RLOOConfig(output_dir=str(tmp_path), **{name: 1})
+
+
+def test_a_name_that_only_looks_alike_is_not_suggested(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        RLOOConfig(output_dir=str(tmp_path), losss_type="dapo")
+    assert "lora_task_type" not in str(info.value)
+    with pytest.raises(ValueError, match="did you mean `learning_rate`"):  # a typo still gets its field
+        RLOOConfig(output_dir=str(tmp_path), learnig_rate=1e-5)
