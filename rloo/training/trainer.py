@@ -121,7 +121,7 @@ class RLOOTrainer:
         self.console = log_console(stderr=True, quiet=not self.ranks.is_main)  # one process prints
         # no output_dir: a fresh runs/rloo-N, chosen by the main process for all (config.yaml records it)
         args, self.output_dir = with_run_folder(args, self.ranks.on_main)
-        self.args = args = as_config(args)  # the copy naming the fresh folder is read-only too
+        self.args = args  # read-only, as the config it replaces
         self.train_dataset, self.eval_dataset = load_train_and_eval(
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
