@@ -166,6 +166,24 @@ def test_resume_continues_and_a_rerun_without_it_is_refused(tmp_path: Path, file
     assert missing.exit_code == 2 and "--resume-from 'checkpoint-9': no such checkpoint folder" in flat(missing.stderr)
 
 
+def test_without_output_dir_each_run_gets_a_fresh_folder_and_resumes_by_its_config(
+    tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run file (or TRL's flags) without output_dir: the second run was refused, runs/rloo holding
+    the first (issue 24). --resume needs the folder, which the run's config.yaml names."""
+    monkeypatch.chdir(tmp_path)
+    path = run_file(tmp_path, files, output_dir=None, save_steps=1)
+    for expected in ("runs/rloo", "runs/rloo-2"):
+        result = invoke("train", path)
+        assert succeeded(result)
+        assert f"done: model in {expected}/final, report in {expected}/report.html" in flat(result.stderr)
+    refused = invoke("train", path, "--resume")
+    assert refused.exit_code == 2
+    assert "resuming needs the run's folder, and output_dir is not set" in flat(refused.stderr)
+    assert succeeded(invoke("train", "runs/rloo/config.yaml", "max_steps=3", "--resume"))
+    assert metrics_steps(tmp_path / "runs" / "rloo")[-1] == 3
+
+
 # ---------------------------------------------------------------------------- eval
 def test_eval_prints_a_table_and_writes_json(tmp_path: Path, files: dict[str, Path], trained: Path) -> None:
     for model in (files["model"], trained / "checkpoint-2"):

@@ -15,9 +15,10 @@ class TrainingProgress:
     """``step i/N [bar] ETA last step: reward=.. kl=.. tok/s=..``, refreshed after every step.
 
     The bar shows the last step's numbers (the log lines show means over ``logging_steps``; both
-    say which). When the console is not a terminal (output piped to ``tee``, a scheduler's log)
-    rich draws no live bar, so a plain ``step i/N last step: ...`` line is printed instead, at most
-    every ``interval`` seconds, and at the last step.
+    say which), and is cleared when training ends, so no stale bar is left below the last log
+    and the summary. When the console is not a terminal (output piped to ``tee``, a scheduler's
+    log) rich draws no live bar, so a plain ``step i/N last step: ...`` line is printed instead,
+    at most every ``interval`` seconds, and at the last step (before its log line).
     """
 
     def __init__(self, console: Console, total: int, completed: int, interval: float = 30.0) -> None:
@@ -31,7 +32,7 @@ class TrainingProgress:
             TimeRemainingColumn(),
             TextColumn("{task.fields[stats]}"),
             console=console,
-            transient=False,
+            transient=True,
         )
         self._task = self._progress.add_task("train", total=total, completed=completed, stats="")
 

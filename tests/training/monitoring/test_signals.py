@@ -96,3 +96,42 @@ def test_progress_prints_plain_lines_when_output_is_not_a_terminal() -> None:
             slow.update(step, {"reward": 1.0})
     assert quiet.getvalue().splitlines() == ["step 3/3 last step: reward=1.000"]  # at most every interval, and the last
     assert TrainingProgress(Console(file=io.StringIO(), force_terminal=True), 3, 0).plain is False
+
+
+def screen(output: str) -> list[str]:
+    """The lines a terminal shows after ``output``: carriage return, erase line, cursor up, newline."""
+    import re
+
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[\d*[A-Za-z]|\x1b\[\?\d+[hl]|\r|\n|[^\x1b\r\n]+", output):
+        if token == "\n":
+            row, col = row + 1, 0
+            lines += [""] * (row + 1 - len(lines))
+        elif token == "\r":
+            col = 0
+        elif token == "\x1b[2K":
+            lines[row] = ""
+        elif token == "\x1b[1A":
+            row = max(row - 1, 0)
+        elif not token.startswith("\x1b"):
+            lines[row] = lines[row][:col] + token + lines[row][col + len(token) :]
+            col += len(token)
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def test_the_bar_is_cleared_before_the_summary_in_a_terminal() -> None:
+    """The bar stayed below the last log line and the summary (issue 24): training had ended."""
+    import io
+
+    from rich.console import Console
+
+    from rloo.training.monitoring.progress import TrainingProgress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    with TrainingProgress(console, total=2, completed=0) as progress:
+        for step in (1, 2):
+            progress.update(step, {"reward": 0.5})
+            console.print(f"step {step}/2 reward=0.5")
+    console.print("trained to step 2/2 in 1.0 s")
+    assert screen(out.getvalue()) == ["step 1/2 reward=0.5", "step 2/2 reward=0.5", "trained to step 2/2 in 1.0 s"]
