@@ -308,14 +308,17 @@ def _check_batches(config: RLOOConfig) -> None:
         raise fail("steps_per_generation", config.steps_per_generation, "must be >= 1")
     # name the field the user set: generation_batch_size, else steps_per_generation
     batch_field = "generation_batch_size" if config.generation_batch_size is not None else "steps_per_generation"
-    if config.micro_batches_per_generation % config.gradient_accumulation_steps:
-        value = config.generation_batch_size or config.micro_batches_per_generation
+    micro_batches, accumulation = config.micro_batches_per_generation, config.gradient_accumulation_steps
+    if micro_batches % accumulation:
+        value = config.generation_batch_size or micro_batches
         raise fail(
             batch_field,
             value,
-            f"micro-batches per generation ({config.micro_batches_per_generation}) must be a multiple of "
-            f"gradient_accumulation_steps ({config.gradient_accumulation_steps}) so no optimizer step straddles "
-            "two generation batches",
+            f"micro-batches per generation ({micro_batches}) must be a multiple of gradient_accumulation_steps "
+            f"({accumulation}) so no optimizer step straddles two generation batches (TRL allows it; rloo "
+            "normalizes a step's loss over its rows, all in one generation batch, and checkpoints between "
+            f"generation batches, where a resume is exact): make it {-(-micro_batches // accumulation) * accumulation} "
+            f"micro-batches, or set gradient_accumulation_steps to a divisor of {micro_batches}",
         )
     if config.completions_per_generation % config.num_generations:
         raise fail("generation_batch_size", config.completions_per_generation, _divisibility_fix(config))
