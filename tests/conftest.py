@@ -28,6 +28,15 @@ settings.register_profile(
 settings.load_profile("rloo")
 
 
+@pytest.fixture(autouse=True)
+def _report_only_where_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train()`` ends by writing report.html, about 1 s of matplotlib a run; tests that read it
+    are marked ``report`` (``rloo report`` and ``build_report`` are tested directly), the others
+    skip it. A module-scoped fixture's run happens before this one: it writes its report."""
+    if request.node.get_closest_marker("report") is None:
+        monkeypatch.setattr("rloo.training.trainer.write_report", lambda output_dir, warn: None)
+
+
 @pytest.fixture(scope="session")
 def char_tokenizer() -> Any:
     """The default character tokenizer (read-only: do not change its attributes)."""

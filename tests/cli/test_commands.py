@@ -16,7 +16,7 @@ from click.testing import Result
 from tests.helpers.cli import flat, invoke
 from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.report]  # rloo train ends with its report
 
 
 def succeeded(result: Result) -> bool:

@@ -185,6 +185,7 @@ def test_every_process_takes_the_folder_the_main_process_chose(tmp_path: Path, m
     assert with_run_folder(config, lambda choose: choose())[1] == Path("runs/rloo")  # given: kept
 
 
+@pytest.mark.report
 def test_the_python_api_writes_the_report_and_a_failing_report_only_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
