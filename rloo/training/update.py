@@ -27,10 +27,14 @@ from rloo.training.setup.optimization import zero_grads_if_none
 
 
 def is_mixture_of_experts(model: Any) -> bool:
-    """A model whose config can ask for router logits (TRL's test for the load-balancing loss)."""
+    """A mixture-of-experts model with a load-balancing loss: its config can ask for router logits and
+    declares the loss's coefficient (TRL's test). GLM-4-MoE and DeepSeek-V3 route without one (a
+    bias keeps the experts balanced), and Nemotron-H has the flag but no such loss: none is added."""
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-    return getattr(text_config, "output_router_logits", None) is not None
+    return getattr(text_config, "output_router_logits", None) is not None and hasattr(
+        text_config, "router_aux_loss_coef"
+    )
 
 
 def compile_for_training(model: Any, args: RLOOConfig) -> Any:

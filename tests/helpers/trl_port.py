@@ -89,15 +89,39 @@ def port_config(output_dir: Path, **overrides: Any) -> RLOOConfig:
     return RLOOConfig(**values)
 
 
-# family -> (model class, config class, fields) of TRL's test_train models the port builds
+# TRL's test_train models, built small: family -> (model class, config class, fields); 2 layers, hidden size 32
+ATTENTION = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+TWO_LAYERS = {**ATTENTION, "num_hidden_layers": 2}
+SLIDING = {"head_dim": 8, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}
+EXPERTS = {"num_experts_per_tok": 2, "moe_intermediate_size": 16}
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "Qwen2ForCausalLM": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "Cohere2ForCausalLM": ("Cohere2ForCausalLM", "Cohere2Config", {**TWO_LAYERS, **SLIDING}),
+    "Glm4MoeForCausalLM": (
+        "Glm4MoeForCausalLM",
+        "Glm4MoeConfig",
+        {**TWO_LAYERS, **EXPERTS, "head_dim": 8, "n_routed_experts": 4, "first_k_dense_replace": 1}
+        | {"n_group": 1, "topk_group": 1},
+    ),
+    "GptOssForCausalLM": (
+        "GptOssForCausalLM",
+        "GptOssConfig",
+        {**TWO_LAYERS, **SLIDING, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "Qwen2ForCausalLM": ("Qwen2ForCausalLM", "Qwen2Config", TWO_LAYERS),
     "Qwen3MoeForCausalLM": (
         "Qwen3MoeForCausalLM",
         "Qwen3MoeConfig",
-        {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        {**TWO_LAYERS, **EXPERTS, "head_dim": 8, "num_experts": 4},
+    ),
+    "NemotronHForCausalLM": (
+        "NemotronHForCausalLM",
+        "NemotronHConfig",
+        {**ATTENTION, "layers_block_type": ["mamba", "attention"], "head_dim": 8, "ssm_state_size": 8}
+        | {"mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1, "conv_kernel": 4, "expand": 2, "chunk_size": 16},
     ),
 }
+# the families with a load-balancing loss (GLM-4-MoE balances its experts with a routing bias instead)
+ROUTER_LOSS = ("GptOssForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def _save(folder: Path, model: Any, tokenizer: Any) -> str:
@@ -107,13 +131,10 @@ def _save(folder: Path, model: Any, tokenizer: Any) -> str:
 
 
 def family_model(family: str, tokenizer: Any) -> Any:
-    """A tiny random causal LM of ``family`` (2 layers, hidden size 32) sized to ``tokenizer``."""
+    """A tiny random causal LM of ``family`` sized to ``tokenizer``."""
     model_class, config_class, fields = FAMILIES[family]
-    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
     ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
-    model_config = getattr(transformers, config_class)(
-        vocab_size=len(tokenizer), num_key_value_heads=2, **shape, **ids, **fields
-    )
+    model_config = getattr(transformers, config_class)(vocab_size=len(tokenizer), **ids, **fields)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return getattr(transformers, model_class)(model_config)
