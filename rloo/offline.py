@@ -5,7 +5,9 @@ a model asks for several files), so ``model="someorg/somemodel"`` with no networ
 to say "couldn't connect". The probe is one HEAD request to the hub's endpoint through
 huggingface_hub's own session (its proxies and headers), done once per process; when it fails,
 loads run as with ``HF_HUB_OFFLINE=1`` (a cached model still loads, a missing one fails at once
-with the same message). Every call that loads from a name goes through :func:`hub_or_cache`.
+with the same message). Models, tokenizers, processors and reward models loaded by name go
+through :func:`hub_or_cache`; datasets (``rloo.data.loading``) and a PEFT adapter's base model
+named in its adapter_config.json do not yet.
 """
 
 from __future__ import annotations
@@ -20,16 +22,15 @@ PROBE_TIMEOUT = 5.0  # seconds: a hub that answers at all answers well within th
 
 
 @functools.cache
-def hub_unreachable() -> str | None:
-    """Why the hub cannot be reached from this machine (e.g. ``ConnectError: Name or service not
-    known``), or None when it answered (any status: it is there). Probed once per process."""
+def hub_reachable() -> bool:
+    """Whether the hub answered (any status: it is there) one HEAD request. Probed once per process."""
     from huggingface_hub import constants, get_session
 
     try:
         get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT)
-    except Exception as error:  # no DNS, no route, a proxy refusing, a timeout: out of reach
-        return f"{type(error).__name__}: {error}"
-    return None
+    except Exception:  # no DNS, no route, a proxy refusing, a timeout: out of reach
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -38,7 +39,7 @@ def hub_or_cache(name: str | os.PathLike[str]) -> Iterator[None]:
     looked up in the local cache only (``HF_HUB_OFFLINE``'s behaviour, for this block only)."""
     from huggingface_hub import constants
 
-    if Path(name).expanduser().exists() or constants.is_offline_mode() or hub_unreachable() is None:
+    if Path(name).expanduser().exists() or constants.is_offline_mode() or hub_reachable():
         yield
         return
     previous, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True

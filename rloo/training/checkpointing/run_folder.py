@@ -53,9 +53,10 @@ def open_run(
 
 def fresh_run_folder(base: Path = FRESH_RUN_BASE) -> Path:
     """``base`` if it is free (missing or empty), else the first free ``base-2``, ``base-3``... Not
-    created: the run creates it when it starts (:func:`write_run_files`), so a start that fails (a
-    model that does not load) leaves nothing behind; two runs started at the same moment would pick
-    the same one, and the second to write is refused by :func:`check_fresh_run`."""
+    created: the run creates it when training starts (:func:`write_run_files`), so a start that
+    fails (a model that does not load) leaves nothing behind. Two runs started together may pick the
+    same one; the one that starts training after the other wrote its config.yaml is then refused
+    (:func:`check_fresh_run`), as in any folder that holds a run."""
     candidate, n = base, 1
     while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
         n += 1
