@@ -167,7 +167,7 @@ def test_steady_metrics_never_fire_a_ratio_or_spike_monitor(length: float, norm:
         ({"kl_explosion": -1.0}, "health_thresholds.kl_explosion=-1.0"),
         ({"kl_explosion": float("nan")}, "finite number"),
         ({"loss_spike": "high"}, "health_thresholds.loss_spike='high'"),
-        ("strict", "give a mapping of monitor names"),
+        ("strict", "expects a mapping, or a JSON object in a string"),
     ],
 )
 def test_bad_thresholds_are_refused_naming_the_key(value: Any, needle: str) -> None:
