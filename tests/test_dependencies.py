@@ -68,7 +68,7 @@ def test_the_tested_versions_satisfy_pyproject_and_make_install_uses_them() -> N
             assert name in tested and req.specifier.contains(tested[name]), (name, tested.get(name))
     makefile = (ROOT / "Makefile").read_text()
     assert "CONSTRAINTS ?= requirements/tested.txt" in makefile
-    assert '-e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))' in makefile
+    assert '-e ".[dev,trl]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))' in makefile
 
 
 def test_the_lower_bound_is_no_newer_than_what_runs_here() -> None:
