@@ -315,3 +315,26 @@ def test_selective_logprob_backward_matches_autograd() -> None:
         (expected * weights).sum().backward()
         assert leaf.grad is not None and plain.grad is not None
         torch.testing.assert_close(leaf.grad, plain.grad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-cache", "k-fold-fallback"])
+def test_the_prefill_builds_only_the_last_positions_logits(
+    model: Any, prompts: list[list[int]], shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # before: the prefill built (P, Tp, V) logits and used the last position only; at 64 prompts x
+    # 4k tokens x a 151,936-token vocabulary that is 74 GiB in bf16 (issue 25). transformers'
+    # generate passes logits_to_keep=1 for this reason.
+    import rloo.generation.rollout as rollout_module
+
+    if not shared:  # a cache that cannot be shared: a second prefill over the P*K rows
+        monkeypatch.setattr(rollout_module, "share_prefill", lambda cache, k: False)
+    shapes: list[tuple[int, ...]] = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    try:
+        expected = rollout(model, prompts, max_new_tokens=4)
+    finally:
+        hook.remove()
+    prefills = shapes[: 1 if shared else 2]
+    assert all(shape[1] == 1 for shape in prefills), prefills  # one position per row, never Tp
+    assert shapes[0][0] == len(prompts)
+    assert expected.completion_ids.shape[0] == len(prompts) * 3
