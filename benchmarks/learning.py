@@ -67,7 +67,8 @@ def ablations() -> dict[str, dict[str, Any]]:
 
     runs: dict[str, dict[str, Any]] = {
         "KL in reward (beta 0.05)": {"beta": 0.05, "kl_placement": "reward"},
-        "KL in loss (beta 0.05)": {"beta": 0.05, "kl_placement": "loss"},
+        # k3: k1 in the loss has zero expected gradient and is refused (the 2026-11-22 run used it)
+        "KL in loss (beta 0.05)": {"beta": 0.05, "kl_placement": "loss", "kl_estimator": "k3"},
     }
     for mode in AGGREGATION_MODES:
         if mode != "seq_mean_token_sum":  # the baseline's

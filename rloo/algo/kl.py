@@ -14,6 +14,13 @@ Placements:
   TRL); the KL is computed from detached log-probs of the sampling policy.
 - ``loss``: ``beta * KL_t`` is added to every token's loss with gradient (REINFORCE++,
   GRPO); see :mod:`rloo.algo.objective`.
+
+In the loss, what matters is the estimator's *gradient*, with ``y ~ pi`` and ``log pi(y)``
+differentiated (``tests/algo/test_kl.py`` checks each exactly on a categorical policy):
+
+- k1: ``E[grad log pi] = 0``: no regularization, only noise (refused with ``kl_placement="loss"``);
+- k2: ``E[(log pi - log pi_ref) grad log pi] = grad KL(pi || pi_ref)``;
+- k3: ``E[(1 - pi_ref/pi) grad log pi] = grad KL(pi_ref || pi)`` (GRPO's choice).
 """
 
 from __future__ import annotations

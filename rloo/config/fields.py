@@ -189,7 +189,8 @@ class RLOOFields:
     kl_placement: str | None = option(
         None,
         "Where beta x KL goes: reward (subtracted from the reward before the baseline) or loss (added to the "
-        "per-completion loss). None = from the preset (trl: reward).",
+        "per-completion loss; with k2 or k3: k1's gradient there is 0 in expectation). None = from the preset "
+        "(trl: reward).",
         trl=None,
     )
     ratio_level: str | None = option(

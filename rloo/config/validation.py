@@ -145,6 +145,14 @@ def _check_algorithm(config: RLOOConfig) -> None:
             raise fail(name, value, f"choose one of {list(valid)}")
     if spec.beta < 0 or not math.isfinite(spec.beta):
         raise fail("beta", spec.beta, "the KL coefficient must be a finite number >= 0 (0 disables the KL)")
+    if spec.kl_placement == "loss" and spec.kl_estimator == "k1" and spec.beta > 0:
+        raise fail(
+            "kl_estimator",
+            "k1",
+            "in the loss (kl_placement='loss') k1's expected gradient is 0 (E[grad log pi] = 0): the penalty would "
+            "only add noise. Use kl_estimator='k2' (its gradient is that of KL(pi || pi_ref)) or 'k3' (GRPO's: "
+            "KL(pi_ref || pi)), or kl_placement='reward'",
+        )
     if config.num_iterations < 1:
         raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
     if not config.max_logits_memory_mb > 0:

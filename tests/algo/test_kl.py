@@ -165,3 +165,36 @@ def test_kl_penalized_rewards_from_logprobs() -> None:
     # k1 = [0.5, -1.0, (6.0 masked)] -> KL = -0.5 ; R = 2 - 0.1 * (-0.5) = 2.05
     out = kl_penalized_rewards(t([2.0]), kl_k1(logp, ref), mask, beta=0.1)
     torch.testing.assert_close(out, t([2.05]), atol=1e-12, rtol=0)
+
+
+def _expected_loss_gradient(estimator: str, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """E_{y ~ pi}[grad_theta KL_est(y)] exactly, over every outcome y of a categorical policy
+    pi = softmax(theta): what the estimator contributes to the gradient when it is in the loss."""
+    theta = logits.clone().requires_grad_(True)
+    logp, ref = torch.log_softmax(theta, -1), torch.log_softmax(ref_logits, -1)
+    per_outcome = KL_ESTIMATORS.get_entry(estimator)(logp, ref)
+    (gradient,) = torch.autograd.grad((logp.exp().detach() * per_outcome).sum(), theta)
+    return gradient
+
+
+def _kl_gradient(logits: torch.Tensor, ref_logits: torch.Tensor, reverse: bool) -> torch.Tensor:
+    theta = logits.clone().requires_grad_(True)
+    logp, ref = torch.log_softmax(theta, -1), torch.log_softmax(ref_logits, -1)
+    kl = (logp.exp() * (logp - ref)).sum() if not reverse else (ref.exp() * (ref - logp)).sum()
+    (gradient,) = torch.autograd.grad(kl, theta)
+    return gradient
+
+
+def test_each_estimators_gradient_in_the_loss() -> None:
+    # the module docstring's claims: in the loss (samples from pi, log pi differentiated), k1's
+    # expected gradient is 0, k2's is grad KL(pi || pi_ref), k3's is grad KL(pi_ref || pi)
+    torch.manual_seed(0)
+    logits, ref_logits = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    zero = torch.zeros(6, dtype=torch.float64)
+    torch.testing.assert_close(_expected_loss_gradient("k1", logits, ref_logits), zero)
+    torch.testing.assert_close(
+        _expected_loss_gradient("k2", logits, ref_logits), _kl_gradient(logits, ref_logits, reverse=False)
+    )
+    torch.testing.assert_close(
+        _expected_loss_gradient("k3", logits, ref_logits), _kl_gradient(logits, ref_logits, reverse=True)
+    )

@@ -40,6 +40,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"advantage_estimator": "gae"}, "advantage_estimator", "gae", f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}"),
     ({"kl_estimator": "k4"}, "kl_estimator", "k4", "choose one of ['k1', 'k2', 'k3']"),
     ({"kl_placement": "advantage"}, "kl_placement", "advantage", "choose one of ['reward', 'loss']"),
+    ({"kl_placement": "loss", "kl_estimator": "k1"}, "kl_estimator", "k1", "expected gradient is 0"),
     ({"ratio_level": "tokens"}, "ratio_level", "tokens", "choose one of ['sequence', 'token']"),
     ({"loss_aggregation": "mean"}, "loss_aggregation", "mean", f"choose one of {list(AGGREGATION_MODES)}"),
     # --- algorithm numbers ---
