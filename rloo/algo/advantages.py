@@ -155,10 +155,8 @@ def compute_advantages(
             "here has 1. Set num_generations >= 2."
         )
     group_count = _per_sample_group_sum(ones, index, num_groups)
-    too_small = torch.zeros_like(scorable)
     if mean_level == "group":
         total, count = _per_sample_group_sum(r, index, num_groups), group_count
-        too_small = too_small | (group_count < 2)
     elif mean_level == "batch":
         batch_total, batch_count, _ = stats(r, scorable)
         total, count = batch_total.expand_as(r), batch_count.expand_as(r)
@@ -175,10 +173,27 @@ def compute_advantages(
         sq = _per_sample_group_sum(torch.where(scorable, (r - mean) ** 2, 0.0), index, num_groups)
         std = torch.sqrt(sq / (group_count - 1).clamp(min=1))
         advantages = advantages / (std + eps)
-        too_small = too_small | (group_count < 2)
     elif std_level == "batch":
         advantages = advantages / (stats(r, scorable)[2] + eps)
-    return torch.where(scorable & ~too_small, advantages, 0.0)
+    return torch.where(_defined(group_count, scorable, mean_level, std_level), advantages, 0.0)
+
+
+def _defined(group_count: Tensor, scorable: Tensor, mean_level: Level, std_level: Level) -> Tensor:
+    """The rows an estimator gives an advantage: scorable, and where its baseline or std is per
+    group, in a group with at least 2 scorable members. ``group_count``: each row's group's scorable count."""
+    if "group" in (mean_level, std_level):
+        return scorable & (group_count >= 2)
+    return scorable
+
+
+def rows_with_baseline(estimator: str, group_ids: Tensor, scorable: Tensor) -> Tensor:
+    """``(N,)`` bool: the rows ``estimator`` (a registered name) defines an advantage for; the rest
+    got 0 from it and belong in no batch statistic (:func:`normalize_advantages`' ``scorable``)."""
+    mean_level, std_level = _LEVELS[estimator]
+    index, num_groups = _dense_group_index(group_ids)
+    return _defined(
+        _per_sample_group_sum(scorable.to(torch.float64), index, num_groups), scorable, mean_level, std_level
+    )
 
 
 def normalize_advantages(
@@ -186,8 +201,10 @@ def normalize_advantages(
 ) -> Tensor:
     """Batch whitening after the baseline: ``(A - mean(A)) / (std(A) + eps)``.
 
-    Statistics over scorable completions only (std with ddof=1, as TRL's ``advantages.std()``);
-    unscorable completions stay at 0. Shapes ``(N,)``. ``stats``: as in :func:`compute_advantages`.
+    Statistics over the ``scorable`` rows only (std with ddof=1, as TRL's ``advantages.std()``): pass
+    :func:`rows_with_baseline`, so rows the estimator gave no advantage (a group with one scorable
+    member) neither shrink the std nor get one; the other rows stay at 0. Shapes ``(N,)``.
+    ``stats``: as in :func:`compute_advantages`.
     """
     total, count, std = stats(advantages, scorable)
     if count == 0:
@@ -214,9 +231,11 @@ _ESTIMATORS: tuple[tuple[str, Level, bool, Level, str], ...] = (
     ("reinforce_pp", "batch", False, "batch", "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)"),  # Hu 2025
     ("reinforce_pp_baseline", "group", False, "batch", "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)"),
 )
+_LEVELS: dict[str, tuple[Level, Level]] = {}
 for _name, _mean, _loo, _std, _formula in _ESTIMATORS:
     _estimator = functools.partial(compute_advantages, mean_level=_mean, leave_one_out=_loo, std_level=_std)
     ADVANTAGE_ESTIMATORS.add(_name, _estimator, _formula)
+    _LEVELS[_name] = (_mean, _std)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:

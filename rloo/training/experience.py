@@ -19,7 +19,14 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from rloo.algo.advantages import BatchStats, batch_stats, clip_rewards, get_advantage_estimator, normalize_advantages
+from rloo.algo.advantages import (
+    BatchStats,
+    batch_stats,
+    clip_rewards,
+    get_advantage_estimator,
+    normalize_advantages,
+    rows_with_baseline,
+)
 from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.algo.objective import ObjectiveInputs, policy_objective
@@ -121,8 +128,9 @@ class ExperienceMaker:
         advantages = get_advantage_estimator(spec.advantage_estimator)(
             rewards, rollout.group_ids, scorable, stats=stats
         )
-        if spec.normalize_advantages:
-            advantages = normalize_advantages(advantages, scorable, stats=stats)
+        if spec.normalize_advantages:  # over the rows with a baseline, by construction
+            defined = rows_with_baseline(spec.advantage_estimator, rollout.group_ids, scorable)
+            advantages = normalize_advantages(advantages, defined, stats=stats)
         return rewards, loss_mask, per_token_kl, advantages
 
     def eval_loss(self, scored: ScoredRollout) -> float:

@@ -1,4 +1,4 @@
-"""Phases 3-4 outside the trainer: ``ExperienceMaker.eval_loss`` against hand-computed values."""
+"""Phases 3-4 outside the trainer: ``ExperienceMaker`` advantages and ``eval_loss`` against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from rloo import RLOOConfig
+from rloo.algo.advantages import batch_stats
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import ScoredRollout
 from rloo.rewards.calling import CombinedRewards, RewardScores
-from rloo.training.experience import ExperienceMaker
+from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.parallel.distributed import Ranks
 
 
-def scored(rewards: list[float], lengths: list[int], k: int) -> ScoredRollout:
+def scored(rewards: list[float], lengths: list[int], k: int, scorable: list[bool] | None = None) -> ScoredRollout:
     """``len(rewards) // k`` prompts x ``k`` completions of the given lengths, sampled with log-prob 0."""
     n, longest = len(rewards), max(lengths)
     mask = torch.tensor([[1.0] * length + [0.0] * (longest - length) for length in lengths])
@@ -31,7 +32,8 @@ def scored(rewards: list[float], lengths: list[int], k: int) -> ScoredRollout:
         group_ids=torch.arange(n) // k,
     )
     values = torch.tensor(rewards)
-    combined = CombinedRewards(RewardScores(values.unsqueeze(1), [0], [0]), values, torch.ones(n, dtype=torch.bool))
+    applies = torch.ones(n, dtype=torch.bool) if scorable is None else torch.tensor(scorable)
+    combined = CombinedRewards(RewardScores(values.unsqueeze(1), [0], [0]), values, applies)
     prompts = [f"p{i}" for i in range(n // k)]
     return ScoredRollout(rollout, prompts, ["c"] * n, combined, 0, 0.0, 0.0)
 
@@ -70,3 +72,15 @@ def test_eval_loss_is_the_objective_at_the_sampling_policy(tmp_path: Path, prese
 
 def test_eval_loss_is_nan_with_one_completion_per_prompt(tmp_path: Path) -> None:
     assert math.isnan(maker(tmp_path).eval_loss(scored([1.0, 0.0], [1, 3], k=1)))
+
+
+def test_normalized_advantages_take_their_statistics_over_the_rows_with_a_baseline(tmp_path: Path) -> None:
+    # group 0: rewards 1, 2, 3 -> leave-one-out advantages -1.5, 0, 1.5; group 1: one scorable row of 3,
+    # so no baseline: advantage 0, and (before: it entered the std, sqrt(4.5 / 3) instead of sqrt(4.5 / 2))
+    # it must not shrink the statistics nor be whitened
+    batch = scored([1.0, 2.0, 3.0, 5.0, 0.0, 0.0], [1] * 6, k=3, scorable=[True] * 4 + [False] * 2)
+    _, _, _, advantages = maker(
+        tmp_path, normalize_advantages=True, num_generations=3, per_device_train_batch_size=6
+    )._advantages(batch, StoredLogprobs(old=None, reference=None), batch_stats)
+    scale = 1.5 / (1.5 + 1e-4)  # std of (-1.5, 0, 1.5) with ddof 1 is 1.5
+    torch.testing.assert_close(advantages, torch.tensor([-scale, 0.0, scale, 0.0, 0.0, 0.0]))
