@@ -10,12 +10,20 @@ fields rloo does not have. Where we depart from transformers' Trainer: ``weight_
 to every trainable parameter (the Trainer exempts biases and norm weights), as rloo always did.
 ``optim_args`` reaches the factory as written; rloo checks it first (validation), because the
 factory ignores the keys it does not read, and every key for the AdamW and Adafactor optimizers.
+
+Trainable weights stored in bf16/fp16 (full fine-tuning with ``model_init_kwargs={"dtype":
+"bfloat16"}``, as TRL's examples write it) are warned about, not upcast or refused: an update below
+half a rounding step of its weight is lost (:func:`half_precision_warning`), which at RL learning
+rates is most of them, but float32 master weights would add 2 bytes per parameter that a user who
+chose bf16 weights may not have; the warning names both fixes (float32 weights with bf16 compute,
+or LoRA).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,12 +105,33 @@ def build_optimizer(model: nn.Module, args: RLOOConfig, max_steps: int) -> tuple
     ``lr_scheduler_type`` schedule with ``lr_scheduler_kwargs`` and warmup (``warmup_steps``, a count or a
     fraction of ``max_steps``, else ``warmup_ratio`` of ``max_steps``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
+    warning = half_precision_warning(trainable, args.learning_rate)
+    if warning is not None:
+        warnings.warn(warning, UserWarning, stacklevel=2)
     optimizer_cls, kwargs = optimizer_class_and_kwargs(args)
     optimizer = optimizer_cls(trainable, **kwargs)
     warmup = args.steps("warmup_steps", max_steps) or math.ceil(args.warmup_ratio * max_steps)
     schedule_kwargs = dict(args.lr_scheduler_kwargs or {})
     return optimizer, get_scheduler(
         args.lr_scheduler_type, optimizer, warmup, max_steps, scheduler_specific_kwargs=schedule_kwargs
+    )
+
+
+def half_precision_warning(trainable: list[nn.Parameter], learning_rate: float) -> str | None:
+    """Why trainable weights stored in bf16/fp16 learn little, or None when none are. A weight w
+    keeps its value under an update u smaller than half its rounding step, which is at least
+    ``|w| x eps / 4`` (``eps``: the dtype's spacing at 1, 2^-7 for bf16); AdamW's update is about
+    ``learning_rate``, so every weight above ``4 x learning_rate / eps`` loses it (5e-4 at 1e-6 in bf16)."""
+    half = [p for p in trainable if p.dtype in (torch.bfloat16, torch.float16)]
+    if not half:
+        return None
+    count, dtype = sum(p.numel() for p in half), str(half[0].dtype).removeprefix("torch.")
+    smallest = 4 * learning_rate / torch.finfo(half[0].dtype).eps
+    return (
+        f"{count:,} trainable parameters are stored in {dtype}: an optimizer update smaller than half a rounding "
+        f"step of its weight is lost, and at learning_rate={learning_rate:g} that is every update of a weight "
+        f"above about {smallest:.1e} in magnitude, so training may silently do little. Load the weights in float32 "
+        "(drop dtype from model_init_kwargs; bf16=True still computes in bf16) or train LoRA adapters (peft_config)"
     )
 
 
