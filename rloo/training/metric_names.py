@@ -19,6 +19,8 @@ FRAC_REWARD_ZERO_STD = "frac_reward_zero_std"
 FRAC_TASK_REWARD_ZERO_STD = "frac_task_reward_zero_std"
 FRAC_TOKENS_NONZERO_ADVANTAGE = "frac_tokens_nonzero_advantage"
 POLICY_VERSION = "policy_version"
+# a reused batch's first step: mean |log pi_train - log pi_old| of the stored old log-probs, 0 in exact arithmetic
+FIRST_STEP_LOG_RATIO = "first_step/abs_log_ratio"
 EVAL_REWARD = "eval_reward"
 TRAIN_LOSS = "train_loss"
 

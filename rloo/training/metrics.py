@@ -215,6 +215,8 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
         metrics[metric_names.KL] = mean([r.kl for r in results if r.kl is not None])
     if all(r.aux_loss is not None for r in results):
         metrics["aux_loss"] = mean([r.aux_loss for r in results if r.aux_loss is not None])
+    if all(r.old_gap is not None for r in results):  # a reused batch's first, on-policy step
+        metrics[metric_names.FIRST_STEP_LOG_RATIO] = mean([r.old_gap for r in results if r.old_gap is not None])
     return metrics
 
 

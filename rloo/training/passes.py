@@ -16,6 +16,7 @@ their completions run in length buckets, each padded to its own longest row only
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -121,6 +122,10 @@ class PassResult:
     kl: float | None
     tokens: float  # the tokens its means are over: weights when passes (or processes) are combined
     aux_loss: float | None = None  # a mixture-of-experts model's load-balancing loss (unscaled)
+    # fresh_old passes: the current log-probs, detached (the batch's old ones from now on), and the
+    # mean |log ratio| the stored old ones would have given at this on-policy step
+    current: Tensor | None = None
+    old_gap: float | None = None
 
 
 def rows_per_pass(sequence_length: int, vocab_size: int, budget_mib: float, cap: int) -> int:
@@ -223,6 +228,7 @@ def pass_loss(
     aux_loss_coef: float = 0.0,
     max_logits_mib: float | None = None,
     share_prompts: bool = True,
+    fresh_old: bool = False,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
 
@@ -232,6 +238,10 @@ def pass_loss(
     load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
     adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
     ``max_logits_mib``, ``share_prompts``: as :func:`no_grad_logprobs` takes them.
+    ``fresh_old``: the first optimizer step on the batch, where the policy is still the sampling one:
+    the current log-probs, detached, are the old ones (ratio exactly 1) rather than the stored ones,
+    which a differently shaped pass computed (in bf16 their per-token noise, summed over a sequence,
+    could clip an on-policy step); the result carries them, and the stored ones' mean |log ratio|.
     """
     current = completion_logprobs(
         model,
@@ -249,9 +259,10 @@ def pass_loss(
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None
+    stored = None if fresh_old else rows.old_logprobs
     inputs = ObjectiveInputs(
         logprobs=logprobs,
-        old_logprobs=rows.old_logprobs if rows.old_logprobs is not None else logprobs.detach(),
+        old_logprobs=stored if stored is not None else logprobs.detach(),
         reference_logprobs=rows.reference_logprobs,
         advantages=rows.advantages,
         loss_mask=rows.loss_mask,
@@ -264,4 +275,8 @@ def pass_loss(
     if current.aux_loss is not None:
         aux = float(current.aux_loss.detach())
         loss = loss + aux_loss_coef * current.aux_loss.float() * rows.advantages.shape[0] / total_sequences
-    return PassResult(loss, float(loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()), aux)
+    result = PassResult(loss, float(loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()), aux)
+    if fresh_old and rows.old_logprobs is not None:
+        gap = masked_mean((logprobs.detach() - rows.old_logprobs.float()).abs(), entropy_mask)
+        result = dataclasses.replace(result, current=logprobs.detach(), old_gap=float(gap))
+    return result

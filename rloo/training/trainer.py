@@ -276,9 +276,9 @@ class RLOOTrainer:
             logprobs = self.experience.logprobs(scored.rollout)
         with timer("advantages"):  # 4. KL penalty, baseline, the batch's metrics
             batch = self._train_batch(scored, logprobs)
-        for step_rows in self._optimizer_steps(batch):
-            with timer("update"):  # 5. forward/backward passes and the optimizer step
-                metrics = self._optimizer_step(batch, step_rows)
+        for n, step_rows in enumerate(self._optimizer_steps(batch)):
+            with timer("update"):  # 5. forward/backward passes and the optimizer step (the first on-policy)
+                metrics = self._optimizer_step(batch, step_rows, first=n == 0)
             with timer("log"):  # 6. log, evaluate, save
                 self._finish_step({**batch.metrics, **metrics})
         if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
@@ -344,8 +344,8 @@ class RLOOTrainer:
                 self.callback_handler.fire("on_step_begin")
                 yield rows[start : start + accumulation]
 
-    def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor]) -> dict[str, float]:
-        outcome = self.updater.step(batch, step_rows, self.state.global_step)
+    def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor], first: bool) -> dict[str, float]:
+        outcome = self.updater.step(batch, step_rows, self.state.global_step, first)
         if outcome.skipped:
             self.warn(SKIPPED_STEP)
         return outcome.metrics

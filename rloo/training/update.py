@@ -93,8 +93,10 @@ class Updater:
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
         self.sharded = is_sharded(model)
 
-    def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int) -> StepOutcome:
-        """One optimizer step over ``step_rows`` (this process's micro-batches of the step)."""
+    def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int, first: bool = False) -> StepOutcome:
+        """One optimizer step over ``step_rows`` (this process's micro-batches of the step). ``first``: the
+        batch's first optimizer step, on-policy: stored old log-probs are replaced by the training pass's
+        own (:func:`pass_loss`'s ``fresh_old``), which the batch's later steps then compare with."""
         args = self.args
         # rows per pass within max_logits_memory_mb; compiled passes take the plain head
         cap = args.per_device_train_batch_size
@@ -118,10 +120,15 @@ class Updater:
                     aux_loss_coef=self.aux_loss_coef,
                     max_logits_mib=args.max_logits_memory_mb,
                     share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
+                    fresh_old=first and batch.old_logprobs is not None,
                 )
             self.accelerator.backward(result.loss * 0.0 if filler else result.loss)
             if not filler:
                 results.append(result)
+                if result.current is not None and batch.old_logprobs is not None:
+                    batch.old_logprobs[passes[i], : result.current.shape[1]] = result.current.to(
+                        batch.old_logprobs.dtype
+                    )
         zero_grads_if_none(self.model)
         grad_norm = self.reduce_and_clip()
         local = update_metrics(results)

@@ -120,6 +120,27 @@ def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> No
     assert max(clipped) > 0
 
 
+def test_a_reused_batchs_first_step_is_on_policy_whatever_the_stored_old_logprobs(tmp_path: Path) -> None:
+    # issue 25: the stored old log-probs come from a differently shaped pass; in bf16 on a GPU their
+    # per-token noise, summed by the sequence-level ratio, could clip the first (on-policy) step. Here
+    # they are offset by +0.05 per token (about exp(-0.3) for 6 tokens, far outside epsilon 0.05):
+    # before, the first step clipped; now it takes the training pass's own log-probs (ratio 1), reports
+    # the stored ones' gap, and the batch's later steps compare with the first step's log-probs.
+    t = trainer(tmp_path, max_steps=1, num_iterations=2, epsilon=0.05, logging_steps=1)
+    original = t.experience.logprobs
+
+    def noisy(rollout: Any) -> Any:
+        stored = original(rollout)
+        stored.old.add_(0.05)
+        return stored
+
+    t.experience.logprobs = noisy  # type: ignore[method-assign]
+    t.train()
+    first = last_train_log(t)
+    assert first["clip_ratio/region_mean"] == 0.0
+    assert first["first_step/abs_log_ratio"] == pytest.approx(0.05, abs=1e-4)
+
+
 def test_conversational_prompts_and_extra_columns_reach_reward(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
 

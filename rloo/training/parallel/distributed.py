@@ -247,7 +247,15 @@ def _device() -> torch.device:
 
 
 SUMMED_OVER_RANKS = ("loss",)  # each rank's loss is its share of the global loss
-TOKEN_MEANS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl", "aux_loss")
+TOKEN_MEANS = (
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "kl",
+    "aux_loss",
+    "first_step/abs_log_ratio",
+)
 
 
 def reduce_step_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
