@@ -49,10 +49,11 @@ class ReferenceSync:
         return True
 
     def state(self) -> dict[str, Tensor]:
-        """The reference's parameters for a checkpoint ({} when disabled: it is the initial model)."""
+        """The reference's parameters for a checkpoint ({} when disabled: it is the initial model),
+        each copied straight to the CPU: no second copy of the reference on the device."""
         if not self.enabled or self.reference is None:
             return {}
-        return {name: p.detach().clone() for name, p in self.reference.named_parameters()}
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.reference.named_parameters()}
 
     @torch.no_grad()
     def restore(self, checkpoint: Path) -> None:

@@ -49,6 +49,10 @@ from rloo.training.parallel.fsdp import FSDP_HINT, ShardingSettings, sharding_se
 T = TypeVar("T")
 
 
+# elements per gradient all-reduce (64 MiB of float32): the reduction's extra memory, in DDP's range
+GRADIENT_BUCKET_NUMEL = 2**24
+
+
 class Ranks:
     """The processes of a run: this one's rank, their number, and the collectives the loop needs."""
 
@@ -163,19 +167,37 @@ class Ranks:
         )
         return total_t, count_t, std_t
 
-    def sum_gradients(self, model: nn.Module) -> None:
-        """Replace every gradient by its sum over ranks: one all-reduce of a flat buffer."""
+    def sum_gradients(self, model: nn.Module, bucket_numel: int = GRADIENT_BUCKET_NUMEL) -> None:
+        """Replace every gradient by its sum over ranks: one all-reduce per bucket of gradients
+        (:func:`gradient_buckets`), so the reduction holds at most one bucket's copy, not a second
+        copy of every gradient."""
         if not self.distributed:
             return
         grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        for bucket in gradient_buckets(grads, bucket_numel):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for grad in bucket:
+                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+
+
+def gradient_buckets(grads: list[Tensor], max_numel: int) -> list[list[Tensor]]:
+    """``grads`` in order, grouped into runs of one dtype and device of at most ``max_numel``
+    elements together (a larger gradient alone): each run is all-reduced as one flat buffer."""
+    buckets: list[list[Tensor]] = []
+    size = 0
+    for grad in grads:
+        last = buckets[-1][-1] if buckets else None
+        fits = last is not None and size + grad.numel() <= max_numel
+        if fits and last is not None and (last.dtype, last.device) == (grad.dtype, grad.device):
+            buckets[-1].append(grad)
+            size += grad.numel()
+        else:
+            buckets.append([grad])
+            size = grad.numel()
+    return buckets
 
 
 SUPPORTED_ENGINES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")

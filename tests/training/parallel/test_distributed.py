@@ -14,7 +14,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from rloo.generation.sampling import completion_uniforms
-from rloo.training.parallel.distributed import Ranks, check_engine, reduce_step_metrics
+from rloo.training.parallel.distributed import Ranks, check_engine, gradient_buckets, reduce_step_metrics
 from tests.helpers.dist_runs import CASES, case_name
 from tests.helpers.launch import (
     BIN,
@@ -36,6 +36,36 @@ PARAM_ATOL = 1e-4
 
 
 # ---------------------------------------------------------------------------- the pieces, one process
+def test_gradients_are_reduced_in_buckets_not_one_copy_of_all() -> None:
+    # before: one flat copy of every gradient (a second full gradient in memory, issue 25)
+    sizes = [3, 5, 2, 7, 20, 1]
+    grads = [torch.zeros(n) for n in sizes]
+    buckets = gradient_buckets(grads, max_numel=8)
+    assert [[g.numel() for g in bucket] for bucket in buckets] == [[3, 5], [2], [7], [20], [1]]
+    assert [g for bucket in buckets for g in bucket] == grads  # every gradient once, in order
+    mixed = gradient_buckets([torch.zeros(2), torch.zeros(2, dtype=torch.float64)], max_numel=8)
+    assert len(mixed) == 2  # one dtype per flat buffer
+
+
+def _sum_in_buckets(rank: int, port: int, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(rank + 1)) * torch.arange(p.numel()).view_as(p)
+    Ranks(rank, 2).sum_gradients(model, bucket_numel=5)  # 4 gradients of 12, 3, 6, 2 elements: 4 buckets
+    if rank == 0:
+        torch.save([p.grad for p in model.parameters()], out)
+    torch.distributed.destroy_process_group()
+
+
+def test_bucketed_gradient_sums_over_two_processes(tmp_path: Path) -> None:
+    out = str(tmp_path / "grads.pt")
+    torch.multiprocessing.spawn(_sum_in_buckets, args=(free_port(), out), nprocs=2)
+    for grad in torch.load(out):
+        torch.testing.assert_close(grad, 3.0 * torch.arange(grad.numel()).view_as(grad).float())
+
+
 def test_step_metrics_sum_the_loss_and_weight_token_means_by_tokens() -> None:
     per_rank = [
         {"loss": 0.5, "entropy": 2.0, "grad_norm": 1.0, "_tokens": 30.0},
