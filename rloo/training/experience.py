@@ -202,8 +202,12 @@ class ExperienceMaker:
         return metrics
 
     def max_rows(self, rollout: Rollout) -> int:
-        """Rows per no-grad pass over ``rollout`` within ``max_logits_memory_mb`` (eager, never compiled)."""
-        cap = rollout.completion_ids.shape[0]
+        """Rows per no-grad pass over ``rollout``: at most a training micro-batch's
+        (``per_device_train_batch_size``), and within ``max_logits_memory_mb`` (eager, never compiled).
+        Not the whole generation batch: the chunked head bounds the logits, not the transformer's
+        activations (all rows x all tokens of one layer's MLP), so a batch that samples fine could run
+        out of memory here; a no-grad pass of a micro-batch's rows needs less than its training pass."""
+        cap = min(rollout.completion_ids.shape[0], self.args.per_device_train_batch_size)
         return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap)
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:

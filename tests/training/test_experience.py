@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from rloo.pipeline import ScoredRollout
 from rloo.rewards.calling import CombinedRewards, RewardScores
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.parallel.distributed import Ranks
+from tests.helpers.models import trainer
 
 
 def scored(rewards: list[float], lengths: list[int], k: int, scorable: list[bool] | None = None) -> ScoredRollout:
@@ -84,3 +86,23 @@ def test_normalized_advantages_take_their_statistics_over_the_rows_with_a_baseli
     )._advantages(batch, StoredLogprobs(old=None, reference=None), batch_stats)
     scale = 1.5 / (1.5 + 1e-4)  # std of (-1.5, 0, 1.5) with ddof 1 is 1.5
     torch.testing.assert_close(advantages, torch.tensor([-scale, 0.0, scale, 0.0, 0.0, 0.0]))
+
+
+def test_no_grad_passes_take_at_most_a_training_micro_batch(tmp_path: Path) -> None:
+    # before: the reference and old log-prob passes ran the whole generation batch (16 rows here) in one
+    # forward; the chunked head bounds the logits, not the activations (issue 25)
+    run = trainer(tmp_path, beta=0.05, steps_per_generation=2, per_device_train_batch_size=8, num_iterations=2)
+    rollout = run._next_rollouts().rollout  # sampled before the hooks: only phase 3's forwards count
+    rows: list[int] = []
+
+    def record(module: Any, args: Any, kwargs: Any) -> None:
+        rows.append(kwargs["input_ids"].shape[0])
+
+    hooks = [model.register_forward_pre_hook(record, with_kwargs=True) for model in (run.model, run.ref_model)]
+    try:
+        stored = run.experience.logprobs(rollout)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert stored.old is not None and stored.reference is not None and stored.old.shape[0] == 16
+    assert rows and max(rows) <= 8
