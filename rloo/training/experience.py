@@ -1,8 +1,9 @@
 """Phases 3-4 of the step: a scored rollout -> the batch the optimizer steps on (``TrainBatch``).
 
-3. log-probs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
-               more than one optimizer step (else the sampling ones, detached, are it):
-               :meth:`ExperienceMaker.logprobs`;
+3. log-probs   reference log-probs when beta > 0; "old" log-probs, by the same passes, when the
+               batch feeds more than one optimizer step or the KL is a reward penalty (its policy
+               side must be the reference side's computation, not the sampler's decode kernels:
+               policy == reference then gives KL exactly 0): :meth:`ExperienceMaker.logprobs`;
 4. advantages  rewards clipped, the KL penalty where its placement puts it, the estimator's
                baseline and (``normalize_advantages``) batch normalization, statistics global
                over processes; then the batch's metrics and warnings: :meth:`ExperienceMaker.train_batch`.
@@ -82,10 +83,12 @@ class ExperienceMaker:
 
     def logprobs(self, rollout: Rollout) -> StoredLogprobs:
         """Phase 3: the reference's log-probs when beta > 0, the old ones when the batch feeds more
-        than one optimizer step; each in passes within ``max_logits_memory_mb``."""
+        than one optimizer step or the KL is a reward penalty (it is then ``k(old, reference)``, both
+        from the same passes; the sampler's one-token decode log-probs differ from a batched forward's
+        in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
-        if self.args.optimizer_steps_per_generation > 1:
+        if self.args.optimizer_steps_per_generation > 1 or (reference is not None and self.spec.reward_beta > 0):
             old = no_grad_logprobs(
                 self.model(),
                 rollout,

@@ -106,11 +106,16 @@ def test_sampling_logprobs_are_the_policy_logprobs(tmp_path: Path) -> None:
     torch.testing.assert_close(forward, batch.rollout.sampling_logprobs, rtol=0, atol=1e-5)
 
 
-def test_no_old_logprob_pass_when_the_batch_is_used_once(tmp_path: Path) -> None:
-    once = trainer(tmp_path / "once")
+def test_no_old_logprob_pass_when_the_batch_is_used_once_without_a_kl_reward_penalty(tmp_path: Path) -> None:
+    once = trainer(tmp_path / "once", beta=0.0)
     assert next_train_batch(once).old_logprobs is None
-    twice = trainer(tmp_path / "twice", num_iterations=2)
+    twice = trainer(tmp_path / "twice", beta=0.0, num_iterations=2)
     assert next_train_batch(twice).old_logprobs is not None
+    # a KL reward penalty takes its policy side from the reference side's passes (issue 25)
+    penalized = trainer(tmp_path / "penalized", beta=0.05, kl_placement="reward")
+    assert next_train_batch(penalized).old_logprobs is not None
+    in_loss = trainer(tmp_path / "in-loss", beta=0.05, kl_placement="loss", kl_estimator="k3")
+    assert next_train_batch(in_loss).old_logprobs is None
 
 
 def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> None:

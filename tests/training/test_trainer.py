@@ -120,6 +120,29 @@ def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> No
     assert max(clipped) > 0
 
 
+@pytest.fixture
+def fresh_accelerate_state() -> Any:
+    """accelerate keeps one process-wide mixed-precision setting: a bf16 run needs it reset, before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_policy_equal_to_reference_has_kl_exactly_zero(
+    tmp_path: Path, bf16: bool, estimator: str, fresh_accelerate_state: Any
+) -> None:
+    # issue 25: the KL's policy side came from the sampler's one-token decode, its reference side from a
+    # batched forward: 1e-15 per token in float32 at step 0 (on a GPU in bf16, far more; with k2/k3 a
+    # positive, length-proportional penalty). Both sides now come from the same passes.
+    run = trainer(tmp_path, beta=0.1, kl_estimator=estimator, learning_rate=1e-30, max_steps=3, bf16=bf16)
+    run.train()
+    assert [row["kl"] for row in run.state.log_history if "kl" in row] == [0.0] * 3
+
+
 def test_a_reused_batchs_first_step_is_on_policy_whatever_the_stored_old_logprobs(tmp_path: Path) -> None:
     # issue 25: the stored old log-probs come from a differently shaped pass; in bf16 on a GPU their
     # per-token noise, summed by the sequence-level ratio, could clip the first (on-policy) step. Here
