@@ -139,11 +139,13 @@ class Updater:
             # scale lowered inside optimizer.step()); only a non-finite loss counts as a bad step
             skipped = not self.guard.step_is_finite([metrics["loss"]], 0.0, global_step + 1)
             self.optimizer.step()
+            skipped = skipped or self.accelerator.optimizer_step_was_skipped  # the scaler's overflow
         else:
             skipped = not self.guard.step_is_finite([metrics["loss"]], grad_norm, global_step + 1)
             if not skipped:
                 self.optimizer.step()
-        self.scheduler.step()
+        if not skipped:  # a skipped step moves no weight, so the schedule does not advance either (transformers)
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics["train/nonfinite_steps"] = float(self.guard.total)
         metrics["grad_norm"] = grad_norm

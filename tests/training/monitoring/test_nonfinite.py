@@ -84,6 +84,8 @@ def test_non_finite_gradients_skip_the_step_then_stop_the_run(tmp_path: Path) ->
     assert all(torch.equal(good[k], skipped[k]) for k in good)  # the skipped steps made no update
     assert all(bool(v.isfinite().all()) for v in skipped.values())
     assert [row["train/nonfinite_steps"] for row in t.state.log_history if "reward" in row] == [0.0, 0.0, 1.0, 2.0]
+    # the schedule advanced only on the 2 steps that updated the weights (issue 25: it stepped on skipped ones)
+    assert t.scheduler.last_epoch == 2
     assert "non-finite loss or gradient and was skipped" in (run / "warnings.log").read_text()
     assert not (run / "final").exists()
 
