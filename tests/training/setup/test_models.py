@@ -267,12 +267,16 @@ def _trained_params(tmp_path: Path, **overrides: Any) -> dict[str, torch.Tensor]
 
 def test_torch_compile_trains_to_the_same_weights(tmp_path: Path) -> None:
     # the compiled training passes take the plain forward (no chunked LM head, no prompt sharing: they
-    # hook the head): compare them with an eager run on the plain path, whose float rounding they share
-    trainer = make_trainer(tmp_path / "eager")
-    _INEXACT_HEADS.add(trainer.unwrapped_model.get_output_embeddings())
-    trainer.train()
-    eager = params(trainer.unwrapped_model)
-    compiled = _trained_params(tmp_path / "compiled", torch_compile_backend="aot_eager")
+    # hook the head): compare them with an eager run on the plain path, whose float rounding they share.
+    # Both runs' no-grad passes (the KL reward's policy side, issue 25) take the plain path too.
+    eager_run, compiled_run = (
+        make_trainer(tmp_path / "eager"),
+        make_trainer(tmp_path / "compiled", torch_compile_backend="aot_eager"),
+    )
+    for run in (eager_run, compiled_run):
+        _INEXACT_HEADS.add(run.unwrapped_model.get_output_embeddings())
+        run.train()
+    eager, compiled = params(eager_run.unwrapped_model), params(compiled_run.unwrapped_model)
     for name, value in eager.items():
         torch.testing.assert_close(compiled[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
