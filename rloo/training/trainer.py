@@ -411,7 +411,8 @@ class RLOOTrainer:
         self._checkpoint_due = False
         weights = checkpoints.checked_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         rng = self.ranks.gather_objects(rng_state())
-        state = checkpoints.training_state(self.optimizer, self.scheduler, self.sampler, rng, self.unwrapped_model)
+        objects = (self.optimizer, self.scheduler, self.sampler)
+        state = checkpoints.training_state(*objects, rng, self.unwrapped_model, self.accelerator.scaler)
         state[ReferenceSync.KEY] = self.reference_sync.state()
         path = self.ranks.on_main(
             lambda: checkpoints.save_checkpoint(
@@ -431,7 +432,9 @@ class RLOOTrainer:
 
     def _load_checkpoint(self, path: Path) -> None:
         objects = (self.optimizer, self.scheduler, self.sampler)
-        trainer_state = checkpoints.restore_checkpoint(path, self.unwrapped_model, *objects, rank=self.ranks.rank)
+        trainer_state = checkpoints.restore_checkpoint(
+            path, self.unwrapped_model, *objects, rank=self.ranks.rank, scaler=self.accelerator.scaler
+        )
         trainer_state.pop("world_size", None)
         self.reference_sync.restore(path)
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})

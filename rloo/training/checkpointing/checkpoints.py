@@ -106,24 +106,42 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def training_state(
-    optimizer: Any, scheduler: Any, sampler: Any, rng_per_rank: list[Any] | None = None, model: Any = None
+    optimizer: Any,
+    scheduler: Any,
+    sampler: Any,
+    rng_per_rank: list[Any] | None = None,
+    model: Any = None,
+    scaler: Any = None,
 ) -> dict[str, Any]:
-    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position.
-    ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when None); ``model``
-    sharded (FSDP): the optimizer state is gathered full, keyed by parameter name (a collective)."""
+    """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position,
+    and fp16's gradient scaler (``scaler``; else a resumed run restarts its scale and skips steps
+    finding it again). ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when
+    None); ``model`` sharded (FSDP): the optimizer state is gathered full, keyed by parameter name."""
     sharded = model is not None and is_sharded(model)
-    return {
+    state = {
         "optimizer": full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": rng_per_rank if rng_per_rank is not None else [rng_state()],
         "sampler": sampler.state_dict(),
     }
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    return state
 
 
 def restore_training_state(
-    state: dict[str, Any], optimizer: Any, scheduler: Any, sampler: Any, rank: int = 0, model: Any = None
+    state: dict[str, Any],
+    optimizer: Any,
+    scheduler: Any,
+    sampler: Any,
+    rank: int = 0,
+    model: Any = None,
+    scaler: Any = None,
 ) -> None:
-    """The inverse of :func:`training_state`, in place, for process ``rank``."""
+    """The inverse of :func:`training_state`, in place, for process ``rank`` (a checkpoint without a
+    scaler's state leaves ``scaler`` as it starts)."""
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
     if model is not None and is_sharded(model):
         load_full_optimizer_state(model, optimizer, state["optimizer"])  # each process keeps its shards
     else:
@@ -283,12 +301,13 @@ def restore_checkpoint(
     scheduler: Any,
     sampler: Any,
     rank: int = 0,
+    scaler: Any = None,
 ) -> dict[str, Any]:
     """Load a checkpoint's weights and process ``rank``'s training state in place; returns its
     trainer state."""
     trainer_state, training_state = load_checkpoint_states(path)
     load_model_weights(model, path)
-    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model)
+    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model, scaler)
     return trainer_state
 
 

@@ -1,0 +1,38 @@
+"""A checkpoint's training state: fp16's gradient scaler is part of it (issue 25)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rloo.training.checkpointing.checkpoints import restore_training_state, training_state
+from rloo.training.checkpointing.state_files import load_state, save_state
+
+
+class Sampler:
+    def state_dict(self) -> dict[str, int]:
+        return {"position": 3}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def test_the_gradient_scalers_state_is_saved_and_restored(tmp_path: Path) -> None:
+    # before: not saved, so a resumed fp16 run restarted its scale (65536) and skipped steps finding it again
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+    scaler.update(new_scale=512.0)  # where a run's overflows took it
+    save_state(training_state(optimizer, scheduler, Sampler(), scaler=scaler), tmp_path, "training_state")
+    resumed = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    restore_training_state(load_state(tmp_path, "training_state"), optimizer, scheduler, Sampler(), scaler=resumed)
+    assert resumed.get_scale() == 512.0
+    # a checkpoint written without one (bf16 or fp32 runs, older checkpoints) leaves the scaler as it starts
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    restore_training_state(
+        training_state(optimizer, scheduler, Sampler()), optimizer, scheduler, Sampler(), scaler=fresh
+    )
+    assert fresh.get_scale() == 2.0**16
