@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rloo.training import metric_names
 from rloo.training.parallel.fsdp import FSDP_HINT, ShardingSettings, sharding_settings
 
 T = TypeVar("T")
@@ -276,7 +277,7 @@ TOKEN_MEANS = (
     "clip_ratio/region_mean",
     "kl",
     "aux_loss",
-    "first_step/abs_log_ratio",
+    metric_names.FIRST_STEP_LOG_RATIO,
 )
 
 
