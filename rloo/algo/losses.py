@@ -110,6 +110,16 @@ def get_policy_loss(ratio_level: str) -> PolicyLoss:
     return POLICY_LOSSES.get_entry(ratio_level)
 
 
+def count_actions(ratio_level: str, loss_mask: Tensor) -> float:
+    """The actions of rows with ``loss_mask: (N, T)`` at ``ratio_level``: the sum of the policy loss's
+    own ``action_mask`` (tokens for ``token``, completions for ``sequence``), the count clip fractions
+    are over. Evaluated at ratio 1 and A = 0: no model output is needed."""
+    zeros = torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
+    inf = float("inf")
+    out = get_policy_loss(ratio_level)(zeros, zeros, zeros.new_zeros(loss_mask.shape[0]), loss_mask, inf, inf)
+    return float(out.action_mask.sum())
+
+
 @dataclass(frozen=True)
 class LossTotals:
     """Whole-step normalizers: the tokens (``sum_i L_i``) and completions (N) of the optimizer

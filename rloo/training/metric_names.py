@@ -9,8 +9,17 @@ LOSS = "loss"
 GRAD_NORM = "grad_norm"
 REWARD = "reward"
 REWARD_STD = "reward_std"
+# skip_zero_advantage leaves rows with A = 0 out of the training passes; which rows each metric is over:
+# every row's loss tokens: KL in the reward, the batch's no-grad passes; in the loss, the training passes
+# (which then skip no row: the KL gradient of an A = 0 row is not zero)
 KL = "kl"
+# the trained rows' loss tokens only: no other row has a forward with entropies
 ENTROPY = "entropy"
+# every row's actions (tokens, or completions for a sequence-level ratio): skipped rows count, never
+# clipped (both conditions need A != 0), as TRL counts them
+CLIP_RATIO_MEANS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+# the share of the step's rows (every process's) left out of the training passes
+SKIPPED_ROWS_FRAC = "train/skipped_rows_frac"
 MEAN_LENGTH = "completions/mean_length"
 MIN_LENGTH = "completions/min_length"
 MAX_LENGTH = "completions/max_length"
@@ -20,6 +29,7 @@ FRAC_TASK_REWARD_ZERO_STD = "frac_task_reward_zero_std"
 FRAC_TOKENS_NONZERO_ADVANTAGE = "frac_tokens_nonzero_advantage"
 POLICY_VERSION = "policy_version"
 # a reused batch's first step: mean |log pi_train - log pi_old| of the stored old log-probs, 0 in exact arithmetic
+# (over the trained rows' loss tokens, as ENTROPY)
 FIRST_STEP_LOG_RATIO = "first_step/abs_log_ratio"
 EVAL_REWARD = "eval_reward"
 TRAIN_LOSS = "train_loss"

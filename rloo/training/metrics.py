@@ -186,12 +186,18 @@ def nonzero_advantage_tokens(advantages: Tensor, loss_mask: Tensor, completion_m
     return [float(carrying.sum()), float(completion_mask.sum())]
 
 
-def update_metrics(results: list[PassResult]) -> dict[str, float]:
-    """Loss (summed over passes: they are pre-scaled); entropy, clip fractions and KL as means
-    over the step's tokens (each pass weighted by its tokens, reported as ``_tokens`` for the
-    reduction over processes, :func:`rloo.training.parallel.distributed.reduce_step_metrics`)."""
+def update_metrics(results: list[PassResult], actions: float) -> dict[str, float]:
+    """Loss (summed over passes: they are pre-scaled); entropy, KL, aux loss and the first step's log
+    ratio as means over the trained rows' tokens (each pass weighted by its tokens, reported as
+    ``_tokens``); clip fractions over ``actions``, this process's actions of every row of the step
+    (``_actions``): rows left out of the passes (A = 0) count, never clipped, so they are the fractions
+    of a step that trains every row. ``_tokens`` / ``_actions`` weigh the reduction over processes
+    (:func:`rloo.training.parallel.distributed.reduce_step_metrics`)."""
+    metrics = {metric_names.LOSS: sum((r.loss_value for r in results), 0.0)}
+    if actions > 0:
+        metrics |= _clip_metrics(results, actions)
     if not results:
-        return {metric_names.LOSS: 0.0}
+        return metrics
     weights = [r.tokens for r in results]
     total = sum(weights)
     if total <= 0:
@@ -200,17 +206,7 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     def mean(values: list[float]) -> float:
         return sum(w * v for w, v in zip(weights, values, strict=True)) / total
 
-    metrics = {
-        metric_names.LOSS: sum(r.loss_value for r in results),
-        metric_names.ENTROPY: mean([r.entropy for r in results]),
-        "clip_ratio/low_mean": mean([r.clip.low for r in results]),
-        "clip_ratio/high_mean": mean([r.clip.high for r in results]),
-        # this process's fractions; over processes the min and max (TRL's nanmin / nanmax of the gathered)
-        "clip_ratio/low_min": mean([r.clip.low for r in results]),
-        "clip_ratio/high_max": mean([r.clip.high for r in results]),
-        "clip_ratio/region_mean": mean([r.clip.region for r in results]),
-        "_tokens": total,
-    }
+    metrics |= {metric_names.ENTROPY: mean([r.entropy for r in results]), "_tokens": total}
     if all(r.kl is not None for r in results):
         metrics[metric_names.KL] = mean([r.kl for r in results if r.kl is not None])
     if all(r.aux_loss is not None for r in results):
@@ -218,6 +214,22 @@ def update_metrics(results: list[PassResult]) -> dict[str, float]:
     if all(r.old_gap is not None for r in results):  # a reused batch's first, on-policy step
         metrics[metric_names.FIRST_STEP_LOG_RATIO] = mean([r.old_gap for r in results if r.old_gap is not None])
     return metrics
+
+
+def _clip_metrics(results: list[PassResult], actions: float) -> dict[str, float]:
+    """Clipped actions of the passes over ``actions`` (> 0), which may include rows no pass ran."""
+    low_mean, high_mean, region_mean = metric_names.CLIP_RATIO_MEANS
+    low = sum(r.clip.low * r.actions for r in results) / actions
+    high = sum(r.clip.high * r.actions for r in results) / actions
+    return {
+        low_mean: low,
+        high_mean: high,
+        region_mean: sum(r.clip.region * r.actions for r in results) / actions,
+        # this process's fractions; over processes the min and max (TRL's nanmin / nanmax of the gathered)
+        "clip_ratio/low_min": low,
+        "clip_ratio/high_max": high,
+        "_actions": actions,
+    }
 
 
 def eval_metrics(values: Tensor, names: Sequence[str] = (), prefix: str = "eval") -> dict[str, float]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
 from rloo.algo.stats import ClipFractions, masked_mean
 from rloo.generation.lm_head import head_is_exact
@@ -121,6 +122,7 @@ class PassResult:
     clip: ClipFractions
     kl: float | None
     tokens: float  # the tokens its means are over: weights when passes (or processes) are combined
+    actions: float  # the actions its clip fractions are over (count_actions)
     aux_loss: float | None = None  # a mixture-of-experts model's load-balancing loss (unscaled)
     # fresh_old passes: the current log-probs, detached (the batch's old ones from now on), and the
     # mean |log ratio| the stored old ones would have given at this on-policy step
@@ -275,7 +277,16 @@ def pass_loss(
     if current.aux_loss is not None:
         aux = float(current.aux_loss.detach())
         loss = loss + aux_loss_coef * current.aux_loss.float() * rows.advantages.shape[0] / total_sequences
-    result = PassResult(loss, float(loss.detach()), entropy, out.clip, out.kl, float(entropy_mask.sum()), aux)
+    result = PassResult(
+        loss,
+        float(loss.detach()),
+        entropy,
+        out.clip,
+        out.kl,
+        tokens=float(entropy_mask.sum()),
+        actions=count_actions(objective.ratio_level, rows.loss_mask),
+        aux_loss=aux,
+    )
     if fresh_old and rows.old_logprobs is not None:
         gap = masked_mean((logprobs.detach() - rows.old_logprobs.float()).abs(), entropy_mask)
         result = dataclasses.replace(result, current=logprobs.detach(), old_gap=float(gap))

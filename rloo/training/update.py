@@ -2,8 +2,9 @@
 
 The loss of every pass is normalized by the totals of the whole step, summed over processes
 (:mod:`rloo.training.parallel.distributed`); rows with zero advantage skip their backward when that is
-exact (no KL or entropy term in the loss); the rest is cut into passes that keep the logits
-within ``max_logits_memory_mb``. Gradients are summed over processes once, after the last pass,
+exact (no KL or entropy term in the loss: the step's entropy is then over the trained rows, its clip
+fractions still count the skipped rows' actions, never clipped); the rest is cut into passes that keep
+the logits within ``max_logits_memory_mb``. Gradients are summed over processes once, after the last pass,
 then clipped; a step whose loss or gradient is not finite makes no update
 (:class:`rloo.training.monitoring.nonfinite.NonFiniteGuard`), on every process alike.
 """
@@ -16,8 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
+from rloo.training import metric_names as names
 from rloo.training.metrics import update_metrics
 from rloo.training.monitoring.nonfinite import NonFiniteGuard
 from rloo.training.parallel.distributed import Ranks, reduce_step_metrics
@@ -102,8 +105,10 @@ class Updater:
         cap = args.per_device_train_batch_size
         max_rows = max_rows_per_pass(self.model, batch.rollout, args.max_logits_memory_mb, cap, args.torch_compile)
         all_rows = torch.cat(step_rows)
-        tokens, sequences = self.ranks.sum([float(batch.loss_mask[all_rows].sum()), float(all_rows.numel())])
         active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
+        tokens, sequences, trained = self.ranks.sum(
+            [float(batch.loss_mask[all_rows].sum()), float(all_rows.numel()), float(active.numel())]
+        )
         self.model.train()
         passes = plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows)
         results = []
@@ -131,8 +136,9 @@ class Updater:
                     )
         zero_grads_if_none(self.model)
         grad_norm = self.reduce_and_clip()
-        local = update_metrics(results)
-        local["train/skipped_rows_frac"] = 1.0 - active.numel() / max(1, all_rows.numel())
+        # clip fractions over every row's actions: a skipped row (A = 0) is never clipped
+        local = update_metrics(results, count_actions(self.objective.ratio_level, batch.loss_mask[all_rows]))
+        local[names.SKIPPED_ROWS_FRAC] = 1.0 - trained / max(1.0, sequences)  # every process's rows
         metrics = reduce_step_metrics(self.ranks.gather_objects(local))
         if self.accelerator.scaler is not None:
             # fp16: an inf gradient is the scaler's overflow, handled by it (the step is skipped and the

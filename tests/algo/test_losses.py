@@ -15,6 +15,7 @@ from rloo.algo.losses import (
     POLICY_LOSSES,
     aggregate_loss,
     clipped_surrogate,
+    count_actions,
     get_policy_loss,
     sequence_level_loss,
     token_level_loss,
@@ -407,3 +408,9 @@ def test_extreme_padding_gives_finite_loss_and_gradient(level: str, pad: tuple[f
             expected = -adv * math.exp(0.1) if level == "sequence" else -adv * (math.exp(0.1) + 1)
             assert loss.item() == pytest.approx(expected / 2, abs=1e-6)
             assert torch.isfinite(logp.grad).all() and logp.grad[0, 2].item() == 0.0
+
+
+def test_count_actions_counts_what_the_clip_fractions_are_over() -> None:
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert count_actions("token", mask) == 5.0  # loss tokens
+    assert count_actions("sequence", mask) == 3.0  # completions, one without loss tokens included

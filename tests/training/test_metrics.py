@@ -1,8 +1,10 @@
 """Metrics TRL documents for RLOO, logged under TRL's names: terminated lengths, clip-ratio
-extremes, step_time and a mixture-of-experts model's aux_loss (offline, CPU, tiny models)."""
+extremes, step_time and a mixture-of-experts model's aux_loss; which rows the KL, entropy and clip
+fractions are over when skip_zero_advantage leaves rows out (offline, CPU, tiny models)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,10 +16,22 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.trainer_utils import TrainOutput
 
 from rloo import RLOOTrainer
+from rloo.algo.stats import masked_mean
+from rloo.generation.logprobs import completion_logprobs
 from rloo.training.metrics import completion_metrics
 from rloo.training.parallel.distributed import reduce_step_metrics
+from rloo.training.passes import TrainBatch, no_grad_logprobs
 from rloo.training.update import is_mixture_of_experts
-from tests.helpers.models import config, dataset, frac7, last_train_log, make_model, make_tokenizer
+from tests.helpers.models import (
+    config,
+    dataset,
+    frac7,
+    last_train_log,
+    make_model,
+    make_tokenizer,
+    next_train_batch,
+    trainer,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,13 +48,22 @@ def test_terminated_length_extremes_as_trl_logs_them() -> None:
 
 def test_clip_ratio_extremes_are_taken_over_processes() -> None:
     per_rank = [
-        {"clip_ratio/low_mean": 0.1, "clip_ratio/low_min": 0.1, "clip_ratio/high_max": 0.0, "_tokens": 10.0},
-        {"clip_ratio/low_mean": 0.3, "clip_ratio/low_min": 0.3, "clip_ratio/high_max": 0.2, "_tokens": 30.0},
-        {"clip_ratio/low_min": math.nan, "clip_ratio/high_max": math.nan, "_tokens": 0.0},
+        {"clip_ratio/low_mean": 0.1, "clip_ratio/low_min": 0.1, "clip_ratio/high_max": 0.0, "_actions": 10.0},
+        {"clip_ratio/low_mean": 0.3, "clip_ratio/low_min": 0.3, "clip_ratio/high_max": 0.2, "_actions": 30.0},
+        {"clip_ratio/low_min": math.nan, "clip_ratio/high_max": math.nan, "_actions": 0.0},
     ]
     out = reduce_step_metrics(per_rank)
     assert out["clip_ratio/low_min"] == 0.1 and out["clip_ratio/high_max"] == 0.2
     assert out["clip_ratio/low_mean"] == pytest.approx((0.1 * 10 + 0.3 * 30) / 40)
+
+
+def test_clip_fractions_are_weighted_over_processes_by_their_actions() -> None:
+    per_rank = [
+        {"clip_ratio/low_mean": 0.5, "entropy": 2.0, "_tokens": 10.0, "_actions": 4.0},
+        {"clip_ratio/low_mean": 0.0, "_actions": 12.0},  # every row skipped: no entropy, none clipped
+    ]
+    out = reduce_step_metrics(per_rank)
+    assert out["clip_ratio/low_mean"] == pytest.approx(0.5 * 4 / 16) and out["entropy"] == 2.0
 
 
 def test_a_training_run_logs_trls_metric_names(tmp_path: Path) -> None:
@@ -152,3 +175,69 @@ def test_log_extra_with_the_wrong_length_is_an_error_naming_it(tmp_path: Path) -
     run = RLOOTrainer(make_model(tokenizer), bad, args=args, train_dataset=dataset(), processing_class=tokenizer)
     with pytest.raises(ValueError, match=r"log_extra\('tag', ...\) got 1 values for 8 completions"):
         run.train()
+
+
+# skip_zero_advantage leaves rows with A = 0 out of the training passes: which rows each metric is over
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_clip_fractions_count_every_rows_actions_and_entropy_the_trained_rows(tmp_path: Path, ratio_level: str) -> None:
+    t = trainer(tmp_path, beta=0.0, ratio_level=ratio_level)
+    assert t.updater.exact_skip
+    batch = next_train_batch(t)
+    rollout, mask = batch.rollout, batch.loss_mask
+    model, temperature = t.unwrapped_model, t.args.temperature
+    current = no_grad_logprobs(model, rollout, temperature, max_rows=batch.num_rows)
+    # stored old log-probs 1 above the current ones on every token: rho <= e^-1, low-clipped where A < 0
+    advantages = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.5, -0.5, -0.5, -0.5])
+    batch = dataclasses.replace(batch, advantages=advantages, old_logprobs=(current + 1.0) * rollout.completion_mask)
+    with torch.no_grad():
+        entropy = completion_logprobs(
+            model,
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.completion_ids,
+            rollout.completion_mask,
+            temperature,
+            with_entropy=True,
+        ).entropy
+    assert entropy is not None
+    metrics = t.updater.step(batch, [torch.arange(8)], global_step=0).metrics
+    assert metrics["train/skipped_rows_frac"] == 0.5
+    # over every row's actions (tokens, or completions), rows 0-3 never clipped: 3 rows of 8 have A < 0
+    clipped, actions = (mask[5:].sum(), mask.sum()) if ratio_level == "token" else (3.0, 8.0)
+    assert metrics["clip_ratio/low_mean"] == pytest.approx(float(clipped / actions), rel=1e-6)
+    assert metrics["clip_ratio/region_mean"] == metrics["clip_ratio/low_min"] == metrics["clip_ratio/low_mean"]
+    assert metrics["clip_ratio/high_mean"] == 0.0
+    # the entropy is the trained rows' (rows 0-3 had no forward), not every row's
+    trained = mask * (advantages != 0).unsqueeze(1)
+    assert metrics["entropy"] == pytest.approx(float(masked_mean(entropy, trained)), abs=2e-6)
+    assert abs(metrics["entropy"] - float(masked_mean(entropy, mask))) > 2e-5  # small: the tiny model is near uniform
+
+
+def test_kl_is_over_every_row_when_rows_skip_the_training_passes(tmp_path: Path) -> None:
+    t = trainer(tmp_path, beta=0.05, kl_placement="reward", kl_estimator="k1", max_steps=1)
+    with torch.no_grad():  # the policy apart from its reference: a KL that differs between rows
+        generator = torch.Generator().manual_seed(0)
+        for p in t.unwrapped_model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    kl: dict[str, float] = {}
+    make = t._train_batch
+
+    def skipping(scored: Any, logprobs: Any) -> TrainBatch:
+        batch = make(scored, logprobs)
+        assert batch.old_logprobs is not None and batch.reference_logprobs is not None
+        per_token = (batch.old_logprobs - batch.reference_logprobs) * batch.loss_mask  # k1
+        kl["every row"] = float(per_token.sum() / batch.loss_mask.sum())
+        kl["trained rows"] = float(per_token[4:].sum() / batch.loss_mask[4:].sum())
+        # A = 0 on rows 0-3: they skip the training passes
+        return dataclasses.replace(batch, advantages=batch.advantages.clone().index_fill_(0, torch.arange(4), 0.0))
+
+    t._train_batch = skipping  # type: ignore[method-assign]
+    t.train()
+    logged = last_train_log(t)
+    assert logged["train/skipped_rows_frac"] == 0.5
+    assert logged["kl"] == pytest.approx(kl["every row"], rel=1e-6)
+    assert abs(kl["every row"] - kl["trained rows"]) > 1e-3 * abs(kl["every row"])
+    # with the KL in the loss no row skips (its KL gradient is not zero): the training passes' kl is every row's
+    assert not trainer(tmp_path / "in-loss", beta=0.05, kl_placement="loss", kl_estimator="k3").updater.exact_skip

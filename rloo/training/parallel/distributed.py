@@ -269,26 +269,22 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-SUMMED_OVER_RANKS = ("loss",)  # each rank's loss is its share of the global loss
-TOKEN_MEANS = (
-    "entropy",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "kl",
-    "aux_loss",
-    metric_names.FIRST_STEP_LOG_RATIO,
-)
+SUMMED_OVER_RANKS = (metric_names.LOSS,)  # each rank's loss is its share of the global loss
+# per-token means over the trained rows, weighted by each rank's "_tokens"
+TOKEN_MEANS = (metric_names.ENTROPY, metric_names.KL, "aux_loss", metric_names.FIRST_STEP_LOG_RATIO)
+# clip fractions over every row's actions, weighted by each rank's "_actions" (update_metrics)
+WEIGHTS = {key: "_tokens" for key in TOKEN_MEANS} | {key: "_actions" for key in metric_names.CLIP_RATIO_MEANS}
 
 
 def reduce_step_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One optimizer step's metrics over ranks: ``loss`` summed; the per-token means weighted by
-    each rank's ``_tokens`` (so they equal one process's mean over all the tokens); ``*_min`` /
-    ``*_max`` the extreme over ranks; every other key averaged over the ranks that logged it (NaN
-    ignored, as in a logging window)."""
+    """One optimizer step's metrics over ranks: ``loss`` summed; the means weighted by what each
+    rank's are over (:data:`WEIGHTS`: ``_tokens``, ``_actions``), so they equal one process's mean
+    over every rank's; ``*_min`` / ``*_max`` the extreme over ranks; every other key averaged over the
+    ranks that logged it (NaN ignored, as in a logging window)."""
     out: dict[str, float] = {}
-    for key in dict.fromkeys(k for metrics in per_rank for k in metrics if k != "_tokens"):
-        present = [(m[key], m.get("_tokens", 1.0)) for m in per_rank if key in m]
+    for key in dict.fromkeys(k for metrics in per_rank for k in metrics if not k.startswith("_")):
+        weight_key = WEIGHTS.get(key)
+        present = [(m[key], m.get(weight_key, 1.0) if weight_key else 1.0) for m in per_rank if key in m]
         if key in SUMMED_OVER_RANKS:
             out[key] = sum(v for v, _ in present)  # a NaN on any rank stays NaN: skipped everywhere
             continue
@@ -296,7 +292,7 @@ def reduce_step_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
             finite = [v for v, _ in present if not math.isnan(v)]
             out[key] = (min if key.endswith("_min") else max)(finite) if finite else math.nan
             continue
-        values = [(v, w if key in TOKEN_MEANS else 1.0) for v, w in present if not math.isnan(v)]
+        values = [(v, w) for v, w in present if not math.isnan(v)]
         weight = sum(w for _, w in values)
         out[key] = sum(v * w for v, w in values) / weight if weight > 0 else math.nan
     return out
