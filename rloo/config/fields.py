@@ -212,7 +212,8 @@ class RLOOFields:
     sync_ref_model: bool = option(
         False,
         "Refresh the reference policy every ref_model_sync_steps steps: ref = alpha * policy + (1 - alpha) * ref "
-        "(TR-DPO). Needs beta > 0 and a full reference model (not LoRA's adapters-disabled one).",
+        "(TR-DPO). Needs beta > 0 and a reference to refresh: a full model or a trained PeftModel's adapter copy "
+        "(not a fresh LoRA's adapters-disabled model).",
         trl="sync_ref_model",
     )
     ref_model_mixup_alpha: float = option(

@@ -35,6 +35,7 @@ from rloo.training.parallel.fsdp import (
     load_full_optimizer_state,
 )
 from rloo.training.setup.models import is_peft_model
+from rloo.training.setup.reference_adapter import saved_adapters
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -58,10 +59,11 @@ def quiet_progress_bars() -> Iterator[None]:
 
 def save_pretrained_quietly(obj: Any, path: Path, state_dict: dict[str, Any] | None = None) -> None:
     """``obj.save_pretrained(path)`` with safetensors and without progress bars; ``state_dict``:
-    the weights to write instead of ``obj``'s own (a sharded model's, gathered: :func:`full_weights`)."""
+    the weights to write instead of ``obj``'s own (a sharded model's, gathered: :func:`full_weights`).
+    A PEFT policy's frozen reference adapter is left out: the policy's adapter alone is saved."""
     with quiet_progress_bars():
         if hasattr(obj, "config"):
-            extra = {} if state_dict is None else {"state_dict": state_dict}
+            extra = {**saved_adapters(obj), **({} if state_dict is None else {"state_dict": state_dict})}
             obj.save_pretrained(path, safe_serialization=True, **extra)
         else:
             obj.save_pretrained(path)

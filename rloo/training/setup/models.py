@@ -3,7 +3,9 @@
 Where we depart from TRL: dropout is switched off in the policy (sampling and training
 then see the same distribution, so the importance ratio is exactly 1 on a fresh batch),
 and with ``beta == 0`` no reference is built at all. With a PEFT policy the reference is
-the same model with its adapters disabled: no second copy of the weights.
+the same model: with its adapters disabled when they change nothing yet (a fresh LoRA), else
+with a frozen copy of its adapter selected (:mod:`rloo.training.setup.reference_adapter`);
+never a second copy of the base weights.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from transformers import (
 from rloo.data.images import image_column, is_processor
 from rloo.data.loading import column_names
 from rloo.offline import hub_or_cache
+from rloo.training.setup.reference_adapter import (
+    adapters_are_identity,
+    add_reference_adapter,
+    has_reference_adapter,
+    reference_adapter_selected,
+)
 from rloo.training.setup.vision import check_image_inputs, is_vision_language, language_model_only, load_processor
 
 
@@ -221,8 +229,8 @@ def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn
 
 def train_adapters(model: Any, peft_config: Any, gradient_checkpointing: bool) -> None:
     """An already-adapted ``PeftModel`` (``PeftModel.from_pretrained`` loads adapters frozen): its
-    active adapter becomes trainable, the base model stays frozen; the reference is the model with
-    adapters disabled. A ``peft_config`` as well is refused: the model has its adapters."""
+    active adapter becomes trainable, the base model stays frozen (the reference: :func:`build_reference`).
+    A ``peft_config`` as well is refused: the model has its adapters."""
     if peft_config is not None:
         raise ValueError(
             "model is already a PeftModel (it has adapters) and peft_config asks for new ones: pass "
@@ -257,11 +265,17 @@ def enable_gradient_checkpointing(model: nn.Module, extra_kwargs: Mapping[str, A
 def build_reference(model: str | PreTrainedModel, policy: nn.Module, beta: float, init_kwargs: Any) -> nn.Module | None:
     """The frozen reference policy, or None when none is needed.
 
-    None when ``beta == 0`` (no KL) or when the policy is a PEFT model (the reference is
-    the policy with adapters disabled, see :func:`reference_mode`). Otherwise a second
-    copy: loaded again from the same path, or a deep copy of the given instance.
+    None when ``beta == 0`` (no KL) or when the policy is a PEFT model: the reference is then
+    the policy with adapters disabled or, when its adapters already change the model (trained,
+    or a non-zero init), with a frozen copy of them added and selected (:func:`reference_mode`).
+    Otherwise a second copy: loaded again from the same path, or a deep copy of the given instance.
     """
-    if beta == 0 or is_peft_model(policy):
+    if beta == 0:
+        return None
+    if is_peft_model(policy):
+        # a copy an earlier trainer left on this model would be stale: it is renewed, never reused
+        if not adapters_are_identity(policy) or has_reference_adapter(policy):
+            add_reference_adapter(policy)
         return None
     reference = load_policy(model, init_kwargs) if isinstance(model, str) else copy.deepcopy(policy)
     reference.eval()
@@ -271,12 +285,17 @@ def build_reference(model: str | PreTrainedModel, policy: nn.Module, beta: float
 
 @contextlib.contextmanager
 def reference_mode(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
-    """Yield the module to compute reference log-probs with."""
+    """Yield the module to compute reference log-probs with: the separate ``reference``, or the PEFT
+    policy with its reference adapter selected (if it has one), else with its adapters disabled."""
     if reference is not None:
         yield reference
         return
     if not is_peft_model(policy):
         raise RuntimeError("no reference model: beta > 0 needs one, or a PEFT policy with adapters to disable")
+    if has_reference_adapter(policy):
+        with reference_adapter_selected(policy):
+            yield policy
+        return
     with policy.disable_adapter():  # type: ignore[operator]
         yield policy
 

@@ -442,9 +442,9 @@ def test_sync_ref_model_resumes_with_the_refreshed_reference(tmp_path: Path) -> 
         torch.testing.assert_close(params(resumed.unwrapped_model)[name], value, rtol=0, atol=0, msg=name)
 
 
-def test_sync_ref_model_under_lora_is_refused(tmp_path: Path) -> None:
+def test_sync_ref_model_under_a_fresh_lora_is_refused(tmp_path: Path) -> None:
     tokenizer = make_tokenizer()
-    with pytest.raises(ValueError, match="sync_ref_model=True needs a separate reference model"):
+    with pytest.raises(ValueError, match=r"sync_ref_model=True needs a reference to refresh.*fresh adapters"):
         RLOOTrainer(
             make_model(tokenizer),
             frac7,
