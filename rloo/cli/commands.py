@@ -304,6 +304,33 @@ def demo(
 
 
 @app.command()
+def plan(
+    arguments: list[str] = typer.Argument(
+        None, metavar="[RUN.yaml] [key=value]... [--field value]...", help="The run, as `rloo train` takes it."
+    ),
+    device: str = typer.Option("h100", help="A GPU name (h100, h200, a100-80gb, ...) or its memory (24GiB)."),
+    prompt_length: int = typer.Option(None, help="Prompt tokens to plan for [default: max_prompt_length]."),
+    processes: int = typer.Option(1, help="FSDP2 processes sharding weights, gradients and optimizer state."),
+) -> None:
+    """Predict each phase's peak memory for a run on a device (reads the model's config.json, no weights)."""
+    from rloo.cli.plan import plan_run, plan_table, verdict
+    from rloo.cli.run_file import load_run_file
+    from rloo.cli.trl_args import run_values
+
+    with _one_line_errors():
+        if not arguments:
+            raise ValueError("give a run file (rloo plan RUN.yaml) or TRL's flags (--model_name_or_path ...)")
+        path, overrides, flags = run_values(list(arguments))
+        shape, work, memory = plan_run(load_run_file(path, overrides, flags), prompt_length, processes)
+        lines = verdict(shape, work, memory, device)
+    console.print(plan_table(memory))
+    for note in memory.notes:
+        console.print(f"note: {note}", highlight=False)
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+@app.command()
 def bandit(
     num_groups: int = typer.Option(20000, help="Groups of K samples per estimate."),
     seed: int = typer.Option(0, help="Random seed."),
