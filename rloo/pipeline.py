@@ -65,6 +65,8 @@ class RolloutSettings:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=False
     pad_to_multiple_of: int | None = None  # token tensors padded to a multiple of it (masked)
     compact_at: float | None = None  # sampler_compaction: finished rows leave the decode batch
+    # another sampler with generate_rollouts' contract (use_vllm: rloo.generation.vllm_sampler), or None
+    engine: Any = None
 
     @classmethod
     def from_config(cls, args: Any, num_generations: int | None = None) -> RolloutSettings:
@@ -80,7 +82,18 @@ class RolloutSettings:
             chat_template_kwargs=dict(args.chat_template_kwargs or {}),
             pad_to_multiple_of=args.pad_to_multiple_of,
             compact_at=args.sampler_compaction,
+            engine=_engine(args),
         )
+
+
+def _engine(args: Any) -> Any:
+    """The vLLM server's sampler when the config asks for it (``use_vllm``), else None (rloo's own)."""
+    if not getattr(args, "use_vllm", False):
+        return None
+    from rloo.config.vllm_fields import server_url
+    from rloo.generation.vllm_sampler import sampler_for
+
+    return sampler_for(server_url(args), float(args.vllm_server_timeout))
 
 
 @dataclass(frozen=True)
@@ -164,8 +177,10 @@ def generate_and_score(
     was_training = model.training
     model.eval()
     try:
+        sample = settings.engine or generate_rollouts
+        engine = {} if settings.engine is None else {"step": getattr(trainer_state, "global_step", 0)}
         with autocast():
-            rollout = generate_rollouts(
+            rollout = sample(
                 model,
                 tokenized.ids,
                 groups,
@@ -180,6 +195,7 @@ def generate_and_score(
                 vision=vision,
                 all_done=all_done,
                 compact_at=settings.compact_at,
+                **engine,
             )
     finally:
         model.train(was_training)

@@ -330,6 +330,22 @@ def plan(
         console.print(line, highlight=False)
 
 
+@app.command(
+    "vllm-serve",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+def vllm_serve(ctx: typer.Context) -> None:
+    """Serve a model on vLLM for use_vllm=True, vllm_mode='server' (trl vllm-serve's flags: --model, --port...)."""
+    import os
+
+    from rloo.generation.vllm_client import vllm_python
+
+    with _one_line_errors():
+        python = vllm_python()
+    os.execv(python, [python, "-m", "rloo.generation.vllm_server", *ctx.args])
+
+
 @app.command()
 def bandit(
     num_groups: int = typer.Option(20000, help="Groups of K samples per estimate."),

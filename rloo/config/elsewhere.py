@@ -62,6 +62,17 @@ ELSEWHERE: dict[str, str] = {
         "evaluates eval_dataset every eval_steps; remove it",
     ),
     "eval_on_start": "call trainer.evaluate() before trainer.train()",
+    **dict.fromkeys(
+        (
+            "vllm_importance_sampling_correction",
+            "vllm_importance_sampling_mode",
+            "vllm_importance_sampling_cap",
+            "vllm_importance_sampling_clip_min",
+            "vllm_importance_sampling_clip_max",
+        ),
+        "with use_vllm rloo computes the old log-probs with its own forward (the ratio is on-policy for the "
+        "trainer's engine), so no vLLM-vs-trainer correction is applied yet; remove it",
+    ),
     "eval_delay": "evaluations start at the first multiple of eval_steps; remove it",
     **dict.fromkeys(
         ("bf16_full_eval", "fp16_full_eval"), "evaluation runs in the training precision (bf16/fp16); remove it"

@@ -57,7 +57,6 @@ REFUSED: dict[str, str] = {
 
 # today's TRL fields for engines rloo does not have: refused with the reason, never ignored
 UNSUPPORTED: dict[str, str] = {
-    "use_vllm": "rloo samples with its own KV-cached sampler, not vLLM; remove use_vllm and every vllm_* setting",
     "use_transformers_continuous_batching": "rloo samples with its own KV-cached sampler (one prefill per prompt "
     "shared by its K samples); remove it",
     "transformers_continuous_batching_config": "rloo samples with its own KV-cached sampler; remove it",
@@ -72,10 +71,8 @@ def refusal_reason(name: str) -> str | None:
 
 
 def unsupported_reason(name: str) -> str | None:
-    """Why rloo refuses TRL field ``name`` (the vLLM family and the other generation engines, and the
+    """Why rloo refuses TRL field ``name`` (the generation engines rloo does not have, and the
     fields of TRL and transformers rloo has no equal for: :data:`rloo.config.elsewhere.ELSEWHERE`), or None."""
-    if name.startswith("vllm_"):
-        return UNSUPPORTED["use_vllm"]
     return UNSUPPORTED.get(name) or ELSEWHERE.get(name)
 
 

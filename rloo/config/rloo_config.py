@@ -34,13 +34,14 @@ from rloo.config.plumbing import PlumbingFields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
 from rloo.config.schedule import optimizer_steps, whole_if_integral
 from rloo.config.validation import declared_annotation, fail, validate
+from rloo.config.vllm_fields import VLLMFields
 
 # step counts that may be given as a fraction of the run (rloo.config.schedule)
 STEP_FIELDS = ("warmup_steps", "logging_steps", "save_steps", "eval_steps")
 
 
 @dataclass
-class RLOOConfig(FrozenAfterInit, PlumbingFields, RLOOFields):
+class RLOOConfig(FrozenAfterInit, VLLMFields, PlumbingFields, RLOOFields):
     """Configuration of an RLOO run. Invalid values raise ``ValueError`` naming the field.
 
     The fields and their documentation are in :class:`rloo.config.fields.RLOOFields`."""

@@ -47,6 +47,8 @@ def fail(name: str, value: Any, fix: str) -> ValueError:
 
 def validate(config: RLOOConfig) -> None:
     """Run every check; the first failure raises."""
+    from rloo.config.vllm_fields import check_vllm  # it imports fail from here
+
     checks = (
         _check_types,
         _check_finite,
@@ -60,6 +62,7 @@ def validate(config: RLOOConfig) -> None:
         _check_reference_sync,
         _check_batches,
         _check_logging,
+        check_vllm,
     )
     for check in checks:
         check(config)

@@ -1,1 +1,1 @@
-"""Completions out: the KV-cached sampler, logits processors, and log-probs of completions."""
+"""Completions out: the KV-cached sampler, logits processors, log-probs of completions, vLLM (server, client)."""

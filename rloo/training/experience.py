@@ -88,7 +88,9 @@ class ExperienceMaker:
         in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
-        if self.args.optimizer_steps_per_generation > 1 or (reference is not None and self.spec.reward_beta > 0):
+        # vLLM's log-probs come from another engine: the batch's old log-probs are always rloo's own
+        reused = self.args.optimizer_steps_per_generation > 1 or self.args.use_vllm
+        if reused or (reference is not None and self.spec.reward_beta > 0):
             old = no_grad_logprobs(
                 self.model(),
                 rollout,

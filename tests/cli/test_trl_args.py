@@ -63,8 +63,7 @@ def test_flags_take_the_tokens_their_kind_says() -> None:
         (["--learning_rate"], "--learning_rate needs a value"),
         (["--generation_kwargs", "[1]"], "--generation_kwargs takes a JSON object"),
         # a TRL setting rloo refuses gets TRL's reason, as in Python, not a bare "unknown flag"
-        (["--use_vllm", "true"], "`--use_vllm` is a TRL setting rloo does not support: rloo samples with its own"),
-        (["--vllm_mode", "colocate"], "`--vllm_mode` is a TRL setting rloo does not support"),
+        (["--use_transformers_paged", "true"], "`--use_transformers_paged` is a TRL setting rloo does not support"),
         (
             ["a.yaml", "b.yaml"],
             "override 'b.yaml' must look like key=value (e.g. learning_rate=1e-5); the run file is 'a.yaml'",

@@ -47,10 +47,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # TRL test -> why rloo refuses what it tests (each test below asserts the refusal)
 DIFFERENCES = {
-    "test_train_vllm_and_peft": "no vLLM engine yet: rloo samples with its own KV-cached sampler",
-    "test_train_vllm_structured_outputs": "no vLLM engine yet",
-    "test_train_vllm_with_additional_generation_kwargs": "no vLLM engine yet",
-    "test_train_vlm_and_vllm": "no vLLM engine yet",
+    "test_train_vllm_and_peft": "vLLM colocated (TRL's default): rloo has the server mode only",
+    "test_train_vllm_structured_outputs": "vLLM colocated, and structured outputs: not built",
+    "test_train_vllm_with_additional_generation_kwargs": "vLLM colocated: rloo has the server mode only",
+    "test_train_vlm_and_vllm": "vLLM colocated, and image prompts on vLLM: not built",
     "test_train_multiple_dataloader_workers": "no DataLoader: prompts are read by index in the training process",
     "test_iterable_dataset_forces_num_workers_zero": "no DataLoader workers to force to 0: any other value is refused",
     "test_iterable_eval_keeps_map_style_train_workers": "no DataLoader workers (nor get_*_dataloader)",
@@ -384,10 +384,7 @@ def test_train_with_clipped_rewards(hub: dict[str, str], tmp_path: Path) -> None
     train_and_check(make(hub, tmp_path, config={"reward_clip_range": (-1, 1)}))
 
 
-# ---------------------------------------------------------------- vLLM: not in rloo yet
-VLLM_REFUSAL = r"use_vllm=\.\.\.\) is a TRL setting rloo does not support: rloo samples with its own KV-cached sampler"
-
-
+# ---------------------------------------------------------------- vLLM: server mode (tests/generation/test_vllm.py)
 @pytest.mark.parametrize(
     "test",
     [
@@ -397,12 +394,12 @@ VLLM_REFUSAL = r"use_vllm=\.\.\.\) is a TRL setting rloo does not support: rloo 
         "test_train_vlm_and_vllm",
     ],
 )
-def test_vllm_tests_are_refused(tmp_path: Path, test: str) -> None:
-    """TRL's four vLLM tests (skipped in TRL's CI too, wanting a vLLM server): rloo refuses ``use_vllm``."""
-    with pytest.raises(ValueError, match=VLLM_REFUSAL):
+def test_vllm_tests_ask_for_server_mode(tmp_path: Path, test: str) -> None:
+    """TRL's four vLLM tests run vLLM colocated (TRL's default mode, skipped in TRL's CI): rloo has the
+    server mode only (trained against a real server in tests/generation/test_vllm.py) and says so."""
+    with pytest.raises(ValueError, match=r"vllm_mode='colocate' is invalid: vLLM inside the training process"):
         port_config(tmp_path, use_vllm=True)
-    with pytest.raises(ValueError, match="remove use_vllm and every vllm_"):
-        port_config(tmp_path, vllm_mode="server")
+    assert port_config(tmp_path, use_vllm=True, vllm_mode="server").use_vllm
 
 
 # ---------------------------------------------------------------- generation settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -311,10 +312,26 @@ def test_gradient_checkpointing_kwargs_reach_torch_checkpoint(tmp_path: Path) ->
 
 
 # ----------------------------------------------------------------- TRL fields that must do what they say
-@pytest.mark.parametrize("name", ["use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "use_transformers_paged"])
+@pytest.mark.parametrize("name", ["use_transformers_paged", "use_transformers_continuous_batching"])
 def test_trl_generation_engines_are_refused_saying_why(name: str) -> None:
     with pytest.raises(ValueError, match=rf"RLOOConfig\({name}=...\) is a TRL setting rloo does not support"):
         RLOOConfig(**{name: True})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fix"),
+    [
+        ({"use_vllm": True}, "vllm_mode='colocate' is invalid: vLLM inside the training process is not built"),
+        ({"vllm_mode": "remote"}, "use 'server' (a `rloo vllm-serve` process) or 'colocate'"),
+        ({"vllm_server_timeout": 0}, "give the seconds to wait, > 0"),
+        ({"vllm_server_port": 70000}, "give a TCP port, 1-65535"),
+        ({"vllm_server_base_url": "localhost:8000"}, "give the server's URL, e.g. http://127.0.0.1:8000"),
+        ({"vllm_structured_outputs_regex": "[0-9]+"}, "not supported yet: remove it"),
+    ],
+)
+def test_vllm_settings_are_checked(kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        RLOOConfig(**kwargs)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,106 @@
+"""The ``RLOOConfig`` fields of generation on vLLM (TRL's names and defaults): which engine samples, and
+where the server is. :class:`rloo.config.rloo_config.RLOOConfig` puts them after the plumbing fields.
+
+``vllm_mode="server"`` (a ``rloo vllm-serve`` process on its own devices, :mod:`rloo.generation.vllm_client`)
+is built; ``colocate`` (vLLM inside the training process) is TRL's default mode and is refused with the
+fix until it is built. The fields only colocate reads are accepted and unread in server mode, as TRL
+leaves them (a TRL recipe sets them either way); the server takes their equivalents as its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rloo.config.fields import option
+
+
+@dataclass
+class VLLMFields:
+    """vLLM fields of ``RLOOConfig``, with their documentation."""
+
+    use_vllm: bool = option(
+        False,
+        "Sample on vLLM instead of rloo's own sampler (with vllm_mode='server': a `rloo vllm-serve` process); "
+        "the weights are sent to it after every optimizer step and checked.",
+        trl="use_vllm",
+    )
+    vllm_mode: str = option(
+        "colocate",
+        "server (a `rloo vllm-serve` process, reached at vllm_server_base_url or host:port) or colocate (vLLM "
+        "in the training process: TRL's default, not built in rloo yet, refused with use_vllm).",
+        trl="vllm_mode",
+    )
+    vllm_server_base_url: str | None = option(
+        None,
+        "The server's URL (http://host:port); None = http://vllm_server_host:vllm_server_port.",
+        trl="vllm_server_base_url",
+    )
+    vllm_server_host: str = option(
+        "0.0.0.0", "The server's host when vllm_server_base_url is None.", trl="vllm_server_host"
+    )
+    vllm_server_port: int = option(8000, "The server's port when vllm_server_base_url is None.", trl="vllm_server_port")
+    vllm_server_timeout: float = option(
+        240.0,
+        "Seconds, > 0, to wait for the server to answer at the start (it may still be loading).",
+        trl="vllm_server_timeout",
+    )
+    vllm_group_port: int = option(
+        51216,
+        "TRL's port of the NCCL weight group; rloo sends weights over HTTP and does not read it.",
+        trl="vllm_group_port",
+    )
+    vllm_gpu_memory_utilization: float = option(
+        0.3,
+        "colocate only (not built): vLLM's share of GPU memory. In server mode give it to rloo vllm-serve.",
+        trl="vllm_gpu_memory_utilization",
+    )
+    vllm_tensor_parallel_size: int = option(
+        1,
+        "colocate only (not built). In server mode give --tensor_parallel_size to rloo vllm-serve.",
+        trl="vllm_tensor_parallel_size",
+    )
+    vllm_enable_sleep_mode: bool = option(
+        False, "colocate only (not built): offload vLLM between generations.", trl="vllm_enable_sleep_mode"
+    )
+    vllm_model_impl: str = option(
+        "vllm", "colocate only (not built); the server's --vllm_model_impl.", trl="vllm_model_impl"
+    )
+    vllm_max_model_length: int | None = option(
+        None, "colocate only (not built); the server's --max_model_len.", trl="vllm_max_model_length"
+    )
+    vllm_structured_outputs_regex: str | None = option(
+        None,
+        "Constrain completions to a regex (vLLM structured outputs); not supported yet: None only.",
+        trl="vllm_structured_outputs_regex",
+    )
+
+
+def check_vllm(config: VLLMFields) -> None:
+    """The vLLM fields' values, and what rloo cannot do with them yet; raises ``ValueError`` naming the field."""
+    from rloo.config.validation import fail
+
+    if config.vllm_mode not in ("server", "colocate"):
+        raise fail("vllm_mode", config.vllm_mode, "use 'server' (a `rloo vllm-serve` process) or 'colocate'")
+    if config.use_vllm and config.vllm_mode == "colocate":
+        raise fail(
+            "vllm_mode",
+            "colocate",
+            "vLLM inside the training process is not built in rloo yet (it is TRL's default mode): start "
+            "`rloo vllm-serve --model MODEL` and set vllm_mode='server' (README: vLLM)",
+        )
+    if not config.vllm_server_timeout > 0:
+        raise fail("vllm_server_timeout", config.vllm_server_timeout, "give the seconds to wait, > 0")
+    if not 0 < config.vllm_server_port < 65536:
+        raise fail("vllm_server_port", config.vllm_server_port, "give a TCP port, 1-65535")
+    url = config.vllm_server_base_url
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise fail("vllm_server_base_url", url, "give the server's URL, e.g. http://127.0.0.1:8000")
+    if config.vllm_structured_outputs_regex is not None:
+        raise fail(
+            "vllm_structured_outputs_regex", config.vllm_structured_outputs_regex, "not supported yet: remove it"
+        )
+
+
+def server_url(config: VLLMFields) -> str:
+    """The vLLM server's base URL: ``vllm_server_base_url``, else ``http://host:port``."""
+    return config.vllm_server_base_url or f"http://{config.vllm_server_host}:{config.vllm_server_port}"

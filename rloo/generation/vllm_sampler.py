@@ -1,0 +1,227 @@
+"""Rollouts sampled on a vLLM server (``use_vllm=True, vllm_mode="server"``): the sampler's seam.
+
+:class:`VLLMSampler` is called where rloo's own sampler (:func:`rloo.generation.rollout.generate_rollouts`)
+is, with its arguments, and returns the same :class:`~rloo.generation.rollout.Rollout`. Before a batch it
+sends the policy's weights when the policy has taken an optimizer step since the last send (as TRL syncs:
+when it generates), then checks the sync: the server greedily continues a fixed probe prompt and rloo's
+own forward scores those tokens; a gap beyond :data:`PROBE_TOLERANCE` stops the run with a message (a
+sync that silently failed would train on the initial policy: verl#7495, OpenRLHF#1349).
+
+Randomness: with ``sampling_seed`` each prompt gets its own vLLM seed, derived from the seed and its group
+id, so a run samples the same completions wherever the server is (and however the prompts are batched);
+vLLM gives a request's n samples the seeds ``seed .. seed + n - 1``, so the groups' seeds are ``n`` apart.
+
+Log-probs: the server's are raw (temperature 1, full support; :mod:`rloo.generation.vllm_server`); the
+rollout keeps them as ``sampling_logprobs`` only at temperature 1, where they are the sampling
+distribution's; the loss never reads them (the trainer computes the old log-probs itself with vLLM).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rloo.algo.masks import completion_mask_from_lengths
+from rloo.generation.rollout import Rollout, left_pad
+from rloo.generation.sampling import SamplingParams
+from rloo.generation.vllm_client import VLLMClient
+
+# the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats)
+PROBE_TOLERANCE = 0.02
+PROBE_TOKENS = 4
+_SEED_STRIDE = 1_000_003  # a prime: sampling seeds of different runs stay apart
+
+
+def vllm_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The policy's weights under the names vLLM's loader reads (a causal LM's own ``state_dict`` names);
+    a PEFT policy's adapters merged into its base weights (peft's merge, undone after the copy)."""
+    from rloo.training.setup.models import is_peft_model
+
+    if not is_peft_model(model):
+        return _once(model.state_dict().items())
+    model.merge_adapter()  # type: ignore[operator]
+    try:
+        named = {}
+        for name, tensor in model.state_dict().items():
+            if "lora_" in name or "rloo_reference" in name:
+                continue
+            clean = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            named[clean] = tensor.detach().clone()
+        return _once(named.items())
+    finally:
+        model.unmerge_adapter()  # type: ignore[operator]
+
+
+def _once(named: Any) -> dict[str, Tensor]:
+    """Each tensor detached; a tied weight's second name gets a copy (safetensors refuses shared memory,
+    and vLLM's layer-wise reload waits for every name its checkpoint format has)."""
+    out, seen = {}, set()
+    for name, tensor in named:
+        out[name] = tensor.detach().clone() if tensor.data_ptr() in seen else tensor.detach()
+        seen.add(tensor.data_ptr())
+    return out
+
+
+class VLLMSampler:
+    """Samples rollouts on the server at ``base_url`` for the policy it is called with."""
+
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self.client = VLLMClient(base_url, timeout)
+        self.timeout = timeout
+        self.ready = False
+        self.synced: tuple[int, int] | None = None  # (id of the model, its optimizer steps) last sent
+        self.probe: list[int] | None = None
+        self.last_gap: float | None = None
+
+    def sync(self, model: nn.Module, step: int) -> None:
+        """Send ``model``'s weights unless they were sent at this ``step``, then check them on the probe."""
+        if self.synced == (id(model), step):
+            return
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() > 1:
+            raise NotImplementedError(
+                "use_vllm with several training processes is not built yet: train on one process, or without use_vllm"
+            )
+        self.client.update_weights(vllm_state_dict(model).items())
+        self.synced = (id(model), step)
+        if self.probe is not None:
+            self.check(model)
+
+    @torch.no_grad()
+    def check(self, model: nn.Module) -> float:
+        """The largest gap between the server's and ``model``'s log-probs of the probe's greedy tokens;
+        raises when it is beyond :data:`PROBE_TOLERANCE` (the sync did not take)."""
+        assert self.probe is not None
+        answer = self.client.generate([self.probe], n=1, max_tokens=PROBE_TOKENS, temperature=0.0)
+        tokens, served = answer.completion_ids[0], answer.logprobs[0]
+        device = next(model.parameters()).device
+        ids = torch.tensor([self.probe + tokens], device=device)
+        was_training = model.training
+        model.eval()
+        try:
+            logits = model(input_ids=ids).logits[0, len(self.probe) - 1 : -1].float()
+        finally:
+            model.train(was_training)
+        ours = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(self.probe) :, None]).squeeze(-1)
+        gap = float((ours.cpu() - torch.tensor(served)).abs().max())
+        self.last_gap = gap
+        if gap > PROBE_TOLERANCE:
+            raise RuntimeError(
+                f"the vLLM server's weights disagree with the policy's after the sync: its log-probs of a probe "
+                f"prompt's greedy tokens differ from rloo's by up to {gap:.3g} nats (tolerance {PROBE_TOLERANCE}). "
+                "Check that the server serves the same model architecture and dtype as the trainer "
+                "(rloo vllm-serve --model PATH --dtype float32 for a float32 run); training stopped so as not "
+                "to learn from another policy's samples"
+            )
+        return gap
+
+    def __call__(
+        self,
+        model: nn.Module,
+        prompt_ids: Sequence[Sequence[int]],
+        group_ids: Sequence[int],
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        params: SamplingParams,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        generator: torch.Generator | None = None,
+        sampling_seed: int | None = None,
+        stop: Callable[..., Tensor] | None = None,
+        vision: Any = None,
+        all_done: Callable[[bool], bool] | None = None,
+        compact_at: float | None = None,
+        step: int = 0,
+    ) -> Rollout:
+        """:func:`rloo.generation.rollout.generate_rollouts`' contract, sampled on the server."""
+        if stop is not None or vision is not None:
+            what = "stop_strings" if stop is not None else "image prompts"
+            raise NotImplementedError(f"{what} with use_vllm are not built yet: remove them, or train without vLLM")
+        if not self.ready:
+            self.client.check_server(self.timeout)
+            self.ready = True
+        if self.probe is None:
+            self.probe = list(prompt_ids[0])[-32:]
+        self.sync(model, step)
+        k = num_generations
+        seeds = None
+        if sampling_seed is not None:
+            seeds = [(sampling_seed * _SEED_STRIDE + group * k) % 2**31 for group in group_ids]
+        elif generator is not None:
+            seeds = torch.randint(0, 2**31 - k, (len(prompt_ids),), generator=generator).tolist()
+        greedy = params.temperature == 0
+        answer = self.client.generate(
+            prompt_ids,
+            n=k,
+            max_tokens=max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k else -1,
+            min_p=params.min_p or 0.0,
+            repetition_penalty=params.repetition_penalty,
+            seeds=None if greedy else seeds,
+            generation_kwargs={"stop_token_ids": list(eos_token_ids)},
+        )
+        return rollout_from(
+            answer.completion_ids,
+            answer.logprobs,
+            prompt_ids,
+            group_ids,
+            k,
+            max_new_tokens,
+            eos_token_ids,
+            pad_token_id,
+            next(model.parameters()).device,
+            keep_logprobs=params.temperature == 1.0,
+        )
+
+
+def rollout_from(
+    completions: list[list[int]],
+    logprobs: list[list[float]],
+    prompt_ids: Sequence[Sequence[int]],
+    group_ids: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    device: torch.device,
+    keep_logprobs: bool,
+) -> Rollout:
+    """A :class:`Rollout` of the server's completions: cut after the first EOS, right-padded, masked;
+    truncated where no EOS came within ``max_new_tokens``."""
+    eos = set(eos_token_ids)
+    cut = []
+    for ids in completions:
+        end = next((i + 1 for i, token in enumerate(ids) if token in eos), None)
+        cut.append((ids[:end] if end is not None else ids[:max_new_tokens], end is None))
+    width = max(1, max(len(ids) for ids, _ in cut))
+    completion_ids = torch.full((len(cut), width), pad_token_id, dtype=torch.long)
+    sampled = torch.zeros((len(cut), width))
+    for row, ((ids, _), row_logprobs) in enumerate(zip(cut, logprobs, strict=True)):
+        completion_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if keep_logprobs and ids:
+            sampled[row, : len(ids)] = torch.tensor(row_logprobs[: len(ids)])
+    lengths = torch.tensor([len(ids) for ids, _ in cut])
+    mask = completion_mask_from_lengths(lengths, width)
+    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id, device)
+    return Rollout(
+        prompt_ids=prompts.repeat_interleave(k, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(k, dim=0),
+        completion_ids=completion_ids.to(device),
+        completion_mask=mask.to(device),
+        truncated=torch.tensor([t for _, t in cut], device=device),
+        sampling_logprobs=(sampled * mask).to(device),
+        group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
+    )
+
+
+@functools.cache
+def sampler_for(base_url: str, timeout: float) -> VLLMSampler:
+    """One sampler per server in a process (it remembers what it last sent)."""
+    return VLLMSampler(base_url, timeout)

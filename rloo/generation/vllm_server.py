@@ -1,0 +1,220 @@
+"""``rloo vllm-serve``: a vLLM engine behind HTTP, for a trainer's rollouts (issue 26).
+
+It speaks ``trl vllm-serve``'s protocol where TRL has one (``/health/``, ``/get_world_size/``,
+``/generate/`` with TRL's request and response fields, ``/reset_prefix_cache/``), so a client written
+for either server reads the other's answers; weights move by an endpoint of ours, ``/update_weights/``,
+whose body is a safetensors file of named tensors (the trainer's names, or an adapter's merged
+weights), handed to vLLM's own reload (``collective_rpc("reload_weights", weights_iterator=...)``):
+TRL's path, an NCCL communicator between trainer and server, does not exist on a CPU, and vLLM's CPU
+backend prepacks linear weights, so writing parameters in place would change nothing.
+
+This module runs in vLLM's own environment (``make vllm``: vLLM pins torch and transformers), so it
+imports vLLM, FastAPI, uvicorn, torch and safetensors only, never the rest of rloo.
+
+Log-probs: the engine runs with ``logprobs_mode="raw_logprobs"``, the log-softmax of the model's
+logits before temperature and truncation (the full-support distribution at temperature 1); the
+trainer computes its own log-probs for the loss and uses these to measure the engines' gap.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (a local Request) at run time
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+# vLLM's CPU build, in-process engine (no worker processes to leak), unpinned OpenMP threads
+CPU_ENVIRONMENT = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+READY = "rloo vllm-serve: ready on"
+
+
+def parser() -> argparse.ArgumentParser:
+    """``trl vllm-serve``'s flags (the ones a single engine uses), with TRL's defaults."""
+    p = argparse.ArgumentParser(prog="rloo vllm-serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="A model folder or hub id.")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--tensor_parallel_size", type=int, default=1)
+    p.add_argument("--data_parallel_size", type=int, default=1)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--gpu_memory_utilization", type=float, default=0.9)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max_model_len", type=int, default=None)
+    p.add_argument("--enable_prefix_caching", type=_bool, default=None)
+    p.add_argument("--enforce_eager", type=_bool, default=False)
+    p.add_argument("--kv_cache_dtype", default="auto")
+    p.add_argument("--trust_remote_code", type=_bool, default=False)
+    p.add_argument("--log_level", default="info")
+    p.add_argument("--vllm_model_impl", default="vllm")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    """The vLLM engine of ``args`` (on a machine without a GPU: the CPU backend's settings)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        for name, value in CPU_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+    if args.data_parallel_size != 1:
+        raise SystemExit("rloo vllm-serve: --data_parallel_size > 1 is not supported; start one server per GPU group")
+    from vllm import LLM
+
+    return LLM(
+        model=args.model,
+        revision=args.revision,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enforce_eager=args.enforce_eager or not torch.cuda.is_available(),
+        kv_cache_dtype=args.kv_cache_dtype,
+        trust_remote_code=args.trust_remote_code,
+        model_impl=args.vllm_model_impl,
+        seed=args.seed,
+        logprobs_mode="raw_logprobs",
+    )
+
+
+def sampling_params(request: dict[str, Any]) -> Any:
+    """vLLM ``SamplingParams`` from a ``/generate/`` request (TRL's fields; ``generation_kwargs`` override)."""
+    from vllm import SamplingParams
+
+    values = {
+        "n": request.get("n", 1),
+        "repetition_penalty": request.get("repetition_penalty", 1.0),
+        "temperature": request.get("temperature", 1.0),
+        "top_p": request.get("top_p", 1.0),
+        "top_k": request.get("top_k", -1),
+        "min_p": request.get("min_p", 0.0),
+        "max_tokens": request.get("max_tokens", 16),
+        "logprobs": request.get("logprobs", 0),
+    }
+    values.update(request.get("generation_kwargs") or {})
+    return SamplingParams(**values)
+
+
+def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """TRL's ``/generate/``: token-id (or text) prompts -> each completion's ids and the sampled tokens'
+    log-probs; with ``seeds`` (ours: one per prompt), prompt ``i``'s ``n`` samples come from seed ``seeds[i]``."""
+    prompts = request["prompts"]
+    rows = [{"prompt_token_ids": p} if isinstance(p, list) else {"prompt": p} for p in prompts]
+    seeds: Sequence[int] | None = request.get("seeds")
+    if seeds is not None and len(seeds) != len(rows):
+        raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
+    n = int(request.get("n", 1))
+    if float(request.get("temperature", 1.0)) == 0.0 and n > 1:  # vLLM samples greedily with n = 1 only
+        rows = [row for row in rows for _ in range(n)]
+        seeds = None if seeds is None else [seed for seed in seeds for _ in range(n)]
+        request = {**request, "n": 1}
+    base = sampling_params(request)
+    params = base if seeds is None else [base.clone() for _ in rows]
+    if seeds is not None:
+        for one, seed in zip(params, seeds, strict=True):
+            one.seed = int(seed)
+    outputs = llm.generate(rows, sampling_params=params, use_tqdm=False)
+    completion_ids, logprobs, logprob_ids = [], [], []
+    for output in outputs:
+        for sample in output.outputs:
+            completion_ids.append(list(sample.token_ids))
+            steps = sample.logprobs or []  # per token: {token id: Logprob}, the sampled one among them
+            chosen = [step[token].logprob for token, step in zip(sample.token_ids, steps, strict=False)]
+            logprobs.append([[value] for value in chosen])
+            logprob_ids.append([[token] for token in sample.token_ids[: len(chosen)]])
+    return {
+        "prompt_ids": [
+            list(p) if isinstance(p, list) else list(o.prompt_token_ids)
+            for p, o in zip(prompts, outputs[::n] if len(outputs) > len(prompts) else outputs, strict=False)
+        ],
+        "completion_ids": completion_ids,
+        "logprobs": logprobs,
+        "logprob_token_ids": logprob_ids,
+    }
+
+
+def update_weights(llm: Any, body: bytes) -> int:
+    """Load named tensors (a safetensors file's bytes) into the engine through vLLM's reload; the count."""
+    from safetensors.torch import load
+
+    tensors = load(body)
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+    llm.reset_prefix_cache()
+    return len(tensors)
+
+
+def build_app(llm: Any, world_size: int) -> Any:
+    from fastapi import FastAPI, HTTPException, Request
+
+    app = FastAPI()
+    lock = threading.Lock()  # one engine call at a time (handlers run in a thread pool)
+
+    @app.get("/health/")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/get_world_size/")
+    def get_world_size() -> dict[str, int]:
+        return {"world_size": world_size}
+
+    @app.post("/generate/")
+    def generate_endpoint(request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            with lock:
+                return generate(llm, request)
+        except (ValueError, TypeError, KeyError) as error:
+            raise HTTPException(status_code=400, detail=str(error)) from None
+
+    @app.post("/update_weights/")
+    async def update_weights_endpoint(request: Request) -> dict[str, int]:
+        body = await request.body()
+        try:
+            with lock:
+                return {"tensors": update_weights(llm, body)}
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise HTTPException(status_code=400, detail=f"weights not loaded: {error}") from None
+
+    @app.post("/reset_prefix_cache/")
+    def reset_prefix_cache() -> dict[str, bool]:
+        with lock:
+            llm.reset_prefix_cache()
+        return {"status": True}
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    llm = build_engine(args)
+    app = build_app(llm, args.tensor_parallel_size * args.data_parallel_size)
+    import uvicorn
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = uvicorn.Server(config)
+    original = server.startup
+
+    async def startup(*a: Any, **k: Any) -> None:
+        await original(*a, **k)
+        print(f"{READY} http://{args.host}:{args.port}", flush=True)
+
+    server.startup = startup
+    server.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
