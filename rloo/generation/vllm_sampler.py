@@ -19,6 +19,7 @@ distribution's; the loss never reads them (the trainer computes the old log-prob
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -73,23 +74,41 @@ class VLLMSampler:
         self.client = VLLMClient(base_url, timeout)
         self.timeout = timeout
         self.ready = False
-        self.synced: tuple[int, int] | None = None  # (id of the model, its optimizer steps) last sent
+        # what was last sent: the model (weakly: an id could be reused by another model) and its step
+        self._sent_model: Callable[[], nn.Module | None] = lambda: None
+        self.synced_step: int | None = None
         self.probe: list[int] | None = None
         self.last_gap: float | None = None
 
     def sync(self, model: nn.Module, step: int) -> None:
-        """Send ``model``'s weights unless they were sent at this ``step``, then check them on the probe."""
-        if self.synced == (id(model), step):
+        """Send ``model``'s weights unless they were sent at this ``step``, then check them on the probe.
+        Several data-parallel processes share the server: the first sends and checks, and none samples
+        before it has (a collective: every process calls this at each generation batch)."""
+        if self._sent_model() is model and self.synced_step == step:
             return
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if distributed and torch.distributed.get_world_size() > 1:
+        if any(type(p).__name__ == "DTensor" for p in model.parameters()):
             raise NotImplementedError(
-                "use_vllm with several training processes is not built yet: train on one process, or without use_vllm"
+                "use_vllm with FSDP2-sharded parameters is not built yet: train data-parallel (plain torchrun / "
+                "accelerate launch) or without use_vllm"
             )
-        self.client.update_weights(vllm_state_dict(model).items())
-        self.synced = (id(model), step)
-        if self.probe is not None:
-            self.check(model)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        world = torch.distributed.get_world_size() if distributed else 1
+        failure: str | None = None
+        if not distributed or torch.distributed.get_rank() == 0:
+            try:
+                self.client.update_weights(vllm_state_dict(model).items())
+                if self.probe is not None:
+                    self.check(model)
+            except (RuntimeError, ConnectionError) as error:
+                if world == 1:
+                    raise
+                failure = str(error)
+        if world > 1:
+            box = [failure]
+            torch.distributed.broadcast_object_list(box, src=0)  # also the barrier: the weights are in
+            if box[0] is not None:
+                raise RuntimeError(box[0])
+        self._sent_model, self.synced_step = weakref.ref(model), step
 
     @torch.no_grad()
     def check(self, model: nn.Module) -> float:

@@ -110,6 +110,8 @@ class ExperienceMaker:
         # batch-level statistics span every process's batch
         rewards, loss_mask, per_token_kl, advantages = self._advantages(scored, logprobs, self.ranks.batch_stats)
         metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
+        if self.args.use_vllm and logprobs.old is not None and self.args.temperature == 1.0:
+            metrics.update(self.engine_gap(logprobs.old, scored.rollout))
         return TrainBatch(
             scored.rollout, loss_mask, advantages, logprobs.old, logprobs.reference, metrics, rewards=rewards
         )
@@ -205,6 +207,16 @@ class ExperienceMaker:
             values = [means[name] for means in logged if name in means]
             metrics[name] = sum(values) / len(values)
         return metrics
+
+    def engine_gap(self, old: Tensor, rollout: Rollout) -> dict[str, float]:
+        """How far vLLM's log-probs of the sampled tokens are from the trainer's (``old``, the same policy),
+        over every process's completion tokens: TRL's ``sampling/sampling_logp_difference``. Only at
+        temperature 1, where the server's raw log-probs are the sampling distribution's."""
+        mask = rollout.completion_mask.bool()
+        gap = (old - rollout.sampling_logprobs).abs()[mask]
+        total, tokens = self.ranks.sum([float(gap.sum()), float(gap.numel())])
+        largest = max(self.ranks.gather_objects(float(gap.max()) if gap.numel() else 0.0))
+        return {names.ENGINE_GAP_MEAN: total / max(tokens, 1.0), names.ENGINE_GAP_MAX: largest}
 
     def max_rows(self, rollout: Rollout) -> int:
         """Rows per no-grad pass over ``rollout``: at most a training micro-batch's

@@ -7,9 +7,7 @@ probe that catches a sync that did not take, and a short training run through th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,20 +21,15 @@ from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.vllm_client import VLLMClient, vllm_python
 from rloo.generation.vllm_sampler import VLLMSampler
-from rloo.generation.vllm_server import READY
-from rloo.tiny import build_char_tokenizer, save_tiny_model
-from tests.helpers.launch import free_port
+from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
+from rloo.training import metric_names as names
+from tests.helpers.launch import assert_ok, free_port, torchrun, write_run_file
+from tests.helpers.models import dataset, frac7, make_tokenizer
+from tests.helpers.vllm import vllm_server
 
 pytestmark = pytest.mark.vllm
 PROMPTS = [[5, 6, 7, 8, 9], [20, 21, 22], [30, 31, 32, 33]]
 EOS = 2  # the tiny tokenizer's </s>
-
-
-def _python() -> str:
-    try:
-        return vllm_python()
-    except ValueError as error:
-        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="module")
@@ -47,35 +40,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[str]:
-    python = _python()
-    port = free_port()
-    command = [python, "-m", "rloo.generation.vllm_server", "--model", str(model_dir), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--dtype", "float32", "--max_model_len", "256", "--log_level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    deadline = time.monotonic() + 240
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line and process.poll() is not None:
-            break
-        lines.append(line)
-        if READY in line:
-            break
-    else:
-        process.kill()
-    if not any(READY in line for line in lines):
-        process.kill()
-        pytest.fail("rloo vllm-serve did not start:\n" + "".join(lines[-40:]))
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with vllm_server(model_dir) as url:
+        yield url
 
 
 def load(model_dir: Path) -> Any:
@@ -147,7 +113,7 @@ def test_a_sync_changes_vllms_output_as_the_weights_change_ours(server: str, mod
     assert served.completion_id_lists() == ours.completion_id_lists()
     assert sampler.last_gap is not None and sampler.last_gap < 1e-3
     # the probe catches weights that did not reach the server
-    sampler.synced = (id(model), 2)  # as if step 2 had been sent
+    sampler.sync(model, 2)
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     with pytest.raises(RuntimeError, match="disagree with the policy's after the sync"):
@@ -157,35 +123,161 @@ def test_a_sync_changes_vllms_output_as_the_weights_change_ours(server: str, mod
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)  # the server back to the folder's weights
 
 
-def test_training_through_the_server(server: str, model_dir: Path, tmp_path: Path) -> None:
+def train_through(server: str, model_dir: Path, out: Path, resume: bool = False, **overrides: Any) -> RLOOTrainer:
     tokenizer = build_char_tokenizer()
-    args = RLOOConfig(
-        output_dir=str(tmp_path / "run"),
-        use_vllm=True,
-        vllm_mode="server",
-        vllm_server_base_url=server,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=8,
-        max_steps=3,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_steps=1000,
-        report_to=[],
-        seed=0,
-    )
+    values: dict[str, Any] = {
+        "output_dir": str(out),
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": server,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 8,
+        "max_steps": 3,
+        "learning_rate": 1e-2,
+        "logging_steps": 1,
+        "save_steps": 1000,
+        "report_to": [],
+        "seed": 0,
+    }
+    peft_config = overrides.pop("peft_config", None)
+    values.update(overrides)
     sevens = tokenizer.convert_tokens_to_ids("7")
     trainer = RLOOTrainer(
         model=str(model_dir),
         reward_funcs=lambda completion_ids, **_: [sum(t == sevens for t in ids) / 8 for ids in completion_ids],
-        args=args,
+        args=RLOOConfig(**values),
         train_dataset=[{"prompt": f"{a}+{b}="} for a in range(5) for b in range(5)],
         processing_class=tokenizer,
+        peft_config=peft_config,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume or None)
+    return trainer
+
+
+def test_training_through_the_server(server: str, model_dir: Path, tmp_path: Path) -> None:
+    trainer = train_through(server, model_dir, tmp_path / "run")
     sampler = trainer.rollout_settings.engine
     assert isinstance(sampler, VLLMSampler)
     # the weights of every step but the last were sent and checked against the probe
-    assert sampler.synced is not None and sampler.synced[1] == 2
+    assert sampler.synced_step == 2
     assert sampler.last_gap is not None and sampler.last_gap < 1e-3
-    assert len([e for e in trainer.state.log_history if "reward" in e]) == 3
+    logs = [e for e in trainer.state.log_history if "reward" in e]
+    assert len(logs) == 3
+    # the same weights in two engines: vLLM's log-probs of the sampled tokens are the trainer's, float32
+    assert all(0 <= e[names.ENGINE_GAP_MAX] < 1e-3 for e in logs), logs
+    assert all(e[names.ENGINE_GAP_MEAN] <= e[names.ENGINE_GAP_MAX] for e in logs)
+
+
+def test_a_lora_policy_reaches_the_server_merged(server: str, model_dir: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = train_through(server, model_dir, tmp_path / "lora", peft_config=lora, learning_rate=5e-2)
+    sampler = trainer.rollout_settings.engine
+    assert sampler.synced_step == 2
+    assert sampler.last_gap is not None and sampler.last_gap < 1e-3  # the merged adapters, as the policy
+    adapters = [p for n, p in trainer.unwrapped_model.named_parameters() if "lora_B" in n]
+    assert any(float(p.abs().max()) > 0 for p in adapters)  # the adapters trained: the probe compared a change
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+def test_no_server_is_named_with_the_command_that_starts_one() -> None:
+    client = VLLMClient(f"http://127.0.0.1:{free_port()}", timeout=5)
+    with pytest.raises(ConnectionError, match=r"no vLLM server answered at .* start one with `rloo vllm-serve"):
+        client.check_server(total_timeout=0.3, interval=0.1)
+    with pytest.raises(ConnectionError, match=r"cannot be reached .* start it with `rloo vllm-serve --model MODEL`"):
+        client.generate([[1, 2]], n=1, max_tokens=2)
+
+
+def test_vllm_serve_finds_the_vllm_environment_or_says_how_to_make_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    from rloo.generation import vllm_client
+
+    monkeypatch.setenv("RLOO_VLLM_PYTHON", "/some/python")
+    assert vllm_python() == "/some/python"
+    monkeypatch.delenv("RLOO_VLLM_PYTHON")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(vllm_client, "__file__", str(tmp_path / "rloo" / "generation" / "vllm_client.py"))
+    with pytest.raises(ValueError, match="run `make vllm` in the rloo checkout"):
+        vllm_python()
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")
+    assert vllm_python() == str(tmp_path / ".venv-vllm" / "bin" / "python")
+
+
+def test_two_training_processes_share_one_server(server: str, model_dir: Path, tmp_path: Path) -> None:
+    """torchrun, 2 processes (gloo): each samples its share on the server; the first sends the weights and
+    checks them, and neither samples before they are in (the logged gap of both processes' tokens is ~0)."""
+    out = tmp_path / "two"
+    run = write_run_file(
+        tmp_path,
+        out,
+        model=str(model_dir),
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=server,
+        max_steps=3,
+        save_steps=1000,
+        per_device_train_batch_size=4,
+    )
+    assert_ok(torchrun("-m", "rloo", "train", str(run)))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    gaps = [row[names.ENGINE_GAP_MAX] for row in logged if names.ENGINE_GAP_MAX in row]
+    assert len(gaps) == 3 and max(gaps) < 1e-3, logged
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+def test_a_resumed_run_through_the_server_equals_an_uninterrupted_one(
+    server: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's seeds come from the run's seed and the group ids: a run resumed from step 2 samples what the
+    uninterrupted run sampled, and ends at the same weights."""
+    settings: dict[str, Any] = {"max_steps": 4, "lr_scheduler_type": "constant", "save_steps": 2}
+    straight = train_through(server, model_dir, tmp_path / "straight", **settings)
+    train_through(server, model_dir, tmp_path / "resumed", **{**settings, "max_steps": 2})
+    resumed = train_through(server, model_dir, tmp_path / "resumed", resume=True, **settings)
+    for (name, a), (_, b) in zip(
+        straight.unwrapped_model.named_parameters(), resumed.unwrapped_model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+def test_rloo_learns_a_trivial_task_through_the_server(tmp_path: Path) -> None:
+    """Reward = share of '7' tokens (as tests/training/test_trainer.py's test, on a model vLLM's CPU kernels
+    take: head dimension 32): it starts near 1/17 and rises clearly with every completion from the server."""
+    tokenizer = make_tokenizer()
+    folder = tmp_path / "sums"
+    build_tiny_llama(len(tokenizer), hidden_size=64, num_heads=2, tokenizer=tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with vllm_server(folder) as url:
+        trainer = RLOOTrainer(
+            model=str(folder),
+            reward_funcs=frac7,
+            args=RLOOConfig(
+                output_dir=str(tmp_path / "run"),
+                use_vllm=True,
+                vllm_mode="server",
+                vllm_server_base_url=url,
+                num_generations=4,
+                per_device_train_batch_size=32,
+                max_completion_length=6,
+                learning_rate=1e-2,
+                max_steps=20,
+                logging_steps=1,
+                beta=0.0,
+                save_steps=1000,
+                report_to=[],
+                seed=0,
+            ),
+            train_dataset=dataset(),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    assert rewards[0] < 0.2, rewards
+    assert min(rewards[-5:]) > 0.4, rewards
