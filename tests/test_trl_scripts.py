@@ -20,7 +20,7 @@ import yaml
 
 from rloo.tiny import save_tiny_model
 from tests.helpers.processes import child_env
-from tests.helpers.vllm import vllm_server
+from tests.helpers.serving import vllm_server
 
 OURS = {"RLOOConfig", "RLOOTrainer"}
 

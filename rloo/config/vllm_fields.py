@@ -1,10 +1,10 @@
 """The ``RLOOConfig`` fields of generation on vLLM (TRL's names and defaults): which engine samples, and
 where the server is. :class:`rloo.config.rloo_config.RLOOConfig` puts them after the plumbing fields.
 
-``vllm_mode="server"`` (a ``rloo vllm-serve`` process on its own devices, :mod:`rloo.generation.vllm_client`)
-is built; ``colocate`` (vLLM inside the training process) is TRL's default mode and is refused with the
-fix until it is built. The fields only colocate reads are accepted and unread in server mode, as TRL
-leaves them (a TRL recipe sets them either way); the server takes their equivalents as its flags.
+``vllm_mode="server"``: a ``rloo vllm-serve`` process on its own devices (:mod:`rloo.generation.vllm_client`);
+``colocate`` (TRL's default): vLLM inside the training process (:mod:`rloo.generation.vllm_colocate`), which
+needs vLLM importable there (``.venv-vllm``). The fields only colocate reads are accepted and unread in
+server mode, as TRL leaves them (a TRL recipe sets them either way); the server takes them as its flags.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ class VLLMFields:
 
     use_vllm: bool = option(
         False,
-        "Sample on vLLM instead of rloo's own sampler (with vllm_mode='server': a `rloo vllm-serve` process); "
+        "Sample on vLLM instead of rloo's own sampler (vllm_mode: a `rloo vllm-serve` process, or in this one); "
         "the weights are sent to it after every optimizer step and checked.",
         trl="use_vllm",
     )
     vllm_mode: str = option(
         "colocate",
         "server (a `rloo vllm-serve` process, reached at vllm_server_base_url or host:port) or colocate (vLLM "
-        "in the training process: TRL's default, not built in rloo yet, refused with use_vllm).",
+        "in the training process, which needs vLLM installed there: .venv-vllm).",
         trl="vllm_mode",
     )
     vllm_server_base_url: str | None = option(
@@ -51,22 +51,28 @@ class VLLMFields:
     )
     vllm_gpu_memory_utilization: float = option(
         0.3,
-        "colocate only (not built): vLLM's share of GPU memory. In server mode give it to rloo vllm-serve.",
+        "colocate: vLLM's share of GPU memory. In server mode give it to rloo vllm-serve.",
         trl="vllm_gpu_memory_utilization",
     )
     vllm_tensor_parallel_size: int = option(
         1,
-        "colocate only (not built). In server mode give --tensor_parallel_size to rloo vllm-serve.",
+        "colocate: the engine's tensor parallelism. In server mode give --tensor_parallel_size to rloo vllm-serve.",
         trl="vllm_tensor_parallel_size",
     )
     vllm_enable_sleep_mode: bool = option(
-        False, "colocate only (not built): offload vLLM between generations.", trl="vllm_enable_sleep_mode"
+        False,
+        "colocate: let vLLM offload its memory between generations (vLLM's sleep mode).",
+        trl="vllm_enable_sleep_mode",
     )
     vllm_model_impl: str = option(
-        "vllm", "colocate only (not built); the server's --vllm_model_impl.", trl="vllm_model_impl"
+        "vllm",
+        "colocate: vLLM's model implementation (vllm or transformers); the server's --vllm_model_impl.",
+        trl="vllm_model_impl",
     )
     vllm_max_model_length: int | None = option(
-        None, "colocate only (not built); the server's --max_model_len.", trl="vllm_max_model_length"
+        None,
+        "colocate: the engine's longest sequence (None: the model's); the server's --max_model_len.",
+        trl="vllm_max_model_length",
     )
     vllm_structured_outputs_regex: str | None = option(
         None,
@@ -81,13 +87,6 @@ def check_vllm(config: VLLMFields) -> None:
 
     if config.vllm_mode not in ("server", "colocate"):
         raise fail("vllm_mode", config.vllm_mode, "use 'server' (a `rloo vllm-serve` process) or 'colocate'")
-    if config.use_vllm and config.vllm_mode == "colocate":
-        raise fail(
-            "vllm_mode",
-            "colocate",
-            "vLLM inside the training process is not built in rloo yet (it is TRL's default mode): start "
-            "`rloo vllm-serve --model MODEL` and set vllm_mode='server' (README: vLLM)",
-        )
     if not config.vllm_server_timeout > 0:
         raise fail("vllm_server_timeout", config.vllm_server_timeout, "give the seconds to wait, > 0")
     if not 0 < config.vllm_server_port < 65536:

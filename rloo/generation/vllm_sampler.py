@@ -68,10 +68,13 @@ def _once(named: Any) -> dict[str, Tensor]:
 
 
 class VLLMSampler:
-    """Samples rollouts on the server at ``base_url`` for the policy it is called with."""
+    """Samples rollouts for the policy it is called with: on the server at ``base_url``, or (``client``)
+    on another engine with the client's interface (colocate: :class:`rloo.generation.vllm_colocate.LocalEngine`)."""
 
-    def __init__(self, base_url: str, timeout: float) -> None:
-        self.client = VLLMClient(base_url, timeout)
+    def __init__(self, base_url: str, timeout: float, client: Any = None) -> None:
+        self.client = client if client is not None else VLLMClient(base_url, timeout)
+        # one server for every process (the first sends the weights), or an engine per process (colocate)
+        self.shared = client is None
         self.timeout = timeout
         self.ready = False
         # what was last sent: the model (weakly: an id could be reused by another model) and its step
@@ -94,7 +97,7 @@ class VLLMSampler:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         world = torch.distributed.get_world_size() if distributed else 1
         failure: str | None = None
-        if not distributed or torch.distributed.get_rank() == 0:
+        if not self.shared or not distributed or torch.distributed.get_rank() == 0:
             try:
                 self.client.update_weights(vllm_state_dict(model).items())
                 if self.probe is not None:
@@ -103,7 +106,7 @@ class VLLMSampler:
                 if world == 1:
                     raise
                 failure = str(error)
-        if world > 1:
+        if world > 1 and self.shared:
             box = [failure]
             torch.distributed.broadcast_object_list(box, src=0)  # also the barrier: the weights are in
             if box[0] is not None:
@@ -163,6 +166,8 @@ class VLLMSampler:
             raise NotImplementedError(f"{what} with use_vllm are not built yet: remove them, or train without vLLM")
         if not self.ready:
             self.client.check_server(self.timeout)
+            if hasattr(self.client, "start"):
+                self.client.start(model)  # an engine in this process, built for this policy
             self.ready = True
         if self.probe is None:
             self.probe = list(prompt_ids[0])[-32:]
@@ -244,3 +249,23 @@ def rollout_from(
 def sampler_for(base_url: str, timeout: float) -> VLLMSampler:
     """One sampler per server in a process (it remembers what it last sent)."""
     return VLLMSampler(base_url, timeout)
+
+
+_COLOCATED: dict[tuple[Any, ...], VLLMSampler] = {}
+
+
+def colocated_sampler(args: Any) -> VLLMSampler:
+    """The sampler on this process's own engine (one per colocate setting: an engine is built once)."""
+    from rloo.generation.vllm_colocate import LocalEngine
+
+    key = (
+        args.seed,
+        args.vllm_gpu_memory_utilization,
+        args.vllm_tensor_parallel_size,
+        args.vllm_model_impl,
+        args.vllm_max_model_length,
+        args.vllm_enable_sleep_mode,
+    )
+    if key not in _COLOCATED:
+        _COLOCATED[key] = VLLMSampler("colocate", 0.0, client=LocalEngine(args))
+    return _COLOCATED[key]

@@ -64,7 +64,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def build_engine(args: argparse.Namespace) -> Any:
+def build_engine(args: argparse.Namespace, enable_sleep_mode: bool = False) -> Any:
     """The vLLM engine of ``args`` (on a machine without a GPU: the CPU backend's settings)."""
     import torch
 
@@ -89,6 +89,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         model_impl=args.vllm_model_impl,
         seed=args.seed,
         logprobs_mode="raw_logprobs",
+        **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
     )
 
 

@@ -8,6 +8,7 @@ probe that catches a sync that did not take, and a short training run through th
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
 from rloo.training import metric_names as names
 from tests.helpers.launch import assert_ok, free_port, torchrun, write_run_file
 from tests.helpers.models import dataset, frac7, make_tokenizer
-from tests.helpers.vllm import vllm_server
+from tests.helpers.processes import child_env
+from tests.helpers.serving import vllm_server
 
 pytestmark = pytest.mark.vllm
 PROMPTS = [[5, 6, 7, 8, 9], [20, 21, 22], [30, 31, 32, 33]]
@@ -281,3 +283,47 @@ def test_rloo_learns_a_trivial_task_through_the_server(tmp_path: Path) -> None:
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     assert rewards[0] < 0.2, rewards
     assert min(rewards[-5:]) > 0.4, rewards
+
+
+def test_colocated_vllm_trains_in_the_training_process(tmp_path: Path) -> None:
+    """vllm_mode='colocate' (TRL's default): the engine lives in the training process, which must have vLLM
+    (run here with .venv-vllm's Python, where make vllm installs rloo beside it)."""
+    python = vllm_python() if _has_vllm_env() else pytest.skip("no .venv-vllm (make vllm)")
+    probe = subprocess.run([python, "-c", "import accelerate, peft, vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{python} lacks rloo's dependencies (make vllm installs them): {probe.stderr[-200:]}")
+    env = child_env(PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    result = subprocess.run(
+        [python, "tests/helpers/colocate_run.py", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    found = json.loads(line.removeprefix("RESULT "))
+    assert found["mode"] == "colocate" and found["engine"] == "LocalEngine"
+    assert found["synced_step"] == 2 and found["last_gap"] < 1e-3  # synced after each step, checked on the probe
+    assert len(found["gaps"]) == 3 and max(found["gaps"]) < 1e-3
+
+
+def _has_vllm_env() -> bool:
+    try:
+        vllm_python()
+    except ValueError:
+        return False
+    return True
+
+
+def test_colocate_without_vllm_installed_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from rloo.generation import vllm_sampler
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
+    monkeypatch.setattr(vllm_sampler, "_COLOCATED", {})
+    with pytest.raises(ValueError, match=r"vllm_mode='colocate' runs vLLM in the training process.*make vllm"):
+        train_through("http://127.0.0.1:1", save_tiny_model(tmp_path / "m"), tmp_path / "run", vllm_mode="colocate")

@@ -47,10 +47,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # TRL test -> why rloo refuses what it tests (each test below asserts the refusal)
 DIFFERENCES = {
-    "test_train_vllm_and_peft": "vLLM colocated (TRL's default): rloo has the server mode only",
-    "test_train_vllm_structured_outputs": "vLLM colocated, and structured outputs: not built",
-    "test_train_vllm_with_additional_generation_kwargs": "vLLM colocated: rloo has the server mode only",
-    "test_train_vlm_and_vllm": "vLLM colocated, and image prompts on vLLM: not built",
+    "test_train_vllm_and_peft": "needs vLLM in the test process: tests/generation/test_vllm.py trains colocated",
+    "test_train_vllm_structured_outputs": "structured outputs on vLLM: not built",
+    "test_train_vllm_with_additional_generation_kwargs": "needs vLLM in the test process: see test_vllm.py",
+    "test_train_vlm_and_vllm": "image prompts on vLLM: not built",
     "test_train_multiple_dataloader_workers": "no DataLoader: prompts are read by index in the training process",
     "test_iterable_dataset_forces_num_workers_zero": "no DataLoader workers to force to 0: any other value is refused",
     "test_iterable_eval_keeps_map_style_train_workers": "no DataLoader workers (nor get_*_dataloader)",
@@ -394,11 +394,11 @@ def test_train_with_clipped_rewards(hub: dict[str, str], tmp_path: Path) -> None
         "test_train_vlm_and_vllm",
     ],
 )
-def test_vllm_tests_ask_for_server_mode(tmp_path: Path, test: str) -> None:
-    """TRL's four vLLM tests run vLLM colocated (TRL's default mode, skipped in TRL's CI): rloo has the
-    server mode only (trained against a real server in tests/generation/test_vllm.py) and says so."""
-    with pytest.raises(ValueError, match=r"vllm_mode='colocate' is invalid: vLLM inside the training process"):
-        port_config(tmp_path, use_vllm=True)
+def test_vllm_tests_configure_both_modes(tmp_path: Path, test: str) -> None:
+    """TRL's four vLLM tests run vLLM colocated (TRL's default mode; skipped in TRL's CI): their configs
+    build in both modes. Training runs against a real vLLM in tests/generation/test_vllm.py (server mode,
+    and colocated in .venv-vllm, where vLLM and rloo share a process)."""
+    assert port_config(tmp_path, use_vllm=True).vllm_mode == "colocate"
     assert port_config(tmp_path, use_vllm=True, vllm_mode="server").use_vllm
 
 

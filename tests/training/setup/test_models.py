@@ -321,7 +321,6 @@ def test_trl_generation_engines_are_refused_saying_why(name: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fix"),
     [
-        ({"use_vllm": True}, "vllm_mode='colocate' is invalid: vLLM inside the training process is not built"),
         ({"vllm_mode": "remote"}, "use 'server' (a `rloo vllm-serve` process) or 'colocate'"),
         ({"vllm_server_timeout": 0}, "give the seconds to wait, > 0"),
         ({"vllm_server_port": 70000}, "give a TCP port, 1-65535"),
