@@ -31,6 +31,22 @@ class Generated:
     logprobs: list[list[float]]
 
 
+def generate_request(
+    prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int] | None, **settings: Any
+) -> dict[str, Any]:
+    """A ``/generate/`` request (TRL's fields, the sampled tokens' log-probs, ``seeds``: one per prompt)."""
+    request = {"prompts": [list(p) for p in prompt_ids], "logprobs": 0, **settings}
+    request["generation_kwargs"] = settings.get("generation_kwargs") or {}
+    if seeds is not None:
+        request["seeds"] = [int(s) for s in seeds]
+    return request
+
+
+def generated(answer: dict[str, Any]) -> Generated:
+    """A ``/generate/`` answer's completions and their tokens' log-probs."""
+    return Generated(answer["completion_ids"], [[float(step[0]) for step in row] for row in answer["logprobs"]])
+
+
 class VLLMClient:
     """A client of one server at ``base_url`` (``http://host:port``)."""
 
@@ -87,23 +103,19 @@ class VLLMClient:
         generation_kwargs: dict[str, Any] | None = None,
     ) -> Generated:
         """``n`` completions of each token-id prompt; ``seeds``: one per prompt (reproducible sampling)."""
-        request = {
-            "prompts": [list(p) for p in prompt_ids],
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k,
-            "min_p": min_p,
-            "repetition_penalty": repetition_penalty,
-            "logprobs": 0,
-            "generation_kwargs": generation_kwargs or {},
-        }
-        if seeds is not None:
-            request["seeds"] = [int(s) for s in seeds]
-        answer = self._request("/generate/", json.dumps(request).encode())
-        logprobs = [[float(step[0]) for step in row] for row in answer["logprobs"]]
-        return Generated(answer["completion_ids"], logprobs)
+        request = generate_request(
+            prompt_ids,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seeds=seeds,
+            generation_kwargs=generation_kwargs,
+        )
+        return generated(self._request("/generate/", json.dumps(request).encode()))
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
         """Send named tensors (vLLM's names: a causal LM's ``state_dict`` names); the count the server loaded."""

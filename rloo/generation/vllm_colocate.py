@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from rloo.generation.vllm_client import Generated
+from rloo.generation.vllm_client import Generated, generate_request, generated
 
 
 class LocalEngine:
@@ -73,38 +73,13 @@ class LocalEngine:
         """Nothing to wait for: the engine is in this process."""
 
     def generate(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        seeds: Sequence[int] | None = None,
-        generation_kwargs: dict[str, Any] | None = None,
+        self, prompt_ids: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None, **settings: Any
     ) -> Generated:
+        """:meth:`rloo.generation.vllm_client.VLLMClient.generate`, answered by the engine in this process."""
         from rloo.generation.vllm_server import generate
 
-        request: dict[str, Any] = {
-            "prompts": [list(p) for p in prompt_ids],
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k,
-            "min_p": min_p,
-            "repetition_penalty": repetition_penalty,
-            "logprobs": 0,
-            "generation_kwargs": generation_kwargs or {},
-        }
-        if seeds is not None:
-            request["seeds"] = list(seeds)
         with self.awake():
-            answer = generate(self.llm, request)
-        return Generated(answer["completion_ids"], [[step[0] for step in row] for row in answer["logprobs"]])
+            return generated(generate(self.llm, generate_request(prompt_ids, seeds, **settings)))
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
         tensors = [(name, tensor.detach()) for name, tensor in named]
