@@ -120,7 +120,8 @@ def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     if seeds is not None and len(seeds) != len(rows):
         raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
     n = int(request.get("n", 1))
-    if float(request.get("temperature", 1.0)) == 0.0 and n > 1:  # vLLM samples greedily with n = 1 only
+    expanded = float(request.get("temperature", 1.0)) == 0.0 and n > 1
+    if expanded:  # vLLM samples greedily with n = 1 only: each prompt n times instead
         rows = [row for row in rows for _ in range(n)]
         seeds = None if seeds is None else [seed for seed in seeds for _ in range(n)]
         request = {**request, "n": 1}
@@ -139,10 +140,7 @@ def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
             logprobs.append([[value] for value in chosen])
             logprob_ids.append([[token] for token in sample.token_ids[: len(chosen)]])
     return {
-        "prompt_ids": [
-            list(p) if isinstance(p, list) else list(o.prompt_token_ids)
-            for p, o in zip(prompts, outputs[::n] if len(outputs) > len(prompts) else outputs, strict=False)
-        ],
+        "prompt_ids": [list(output.prompt_token_ids) for output in (outputs[::n] if expanded else outputs)],
         "completion_ids": completion_ids,
         "logprobs": logprobs,
         "logprob_token_ids": logprob_ids,

@@ -327,3 +327,12 @@ def test_colocate_without_vllm_installed_says_what_to_do(monkeypatch: pytest.Mon
     monkeypatch.setattr(vllm_sampler, "_COLOCATED", {})
     with pytest.raises(ValueError, match=r"vllm_mode='colocate' runs vLLM in the training process.*make vllm"):
         train_through("http://127.0.0.1:1", save_tiny_model(tmp_path / "m"), tmp_path / "run", vllm_mode="colocate")
+
+
+def test_greedy_answers_name_each_prompt_once(server: str) -> None:
+    """Greedy requests for n > 1 run each prompt n times (vLLM's rule); the answer still has one prompt entry
+    per prompt and n completions for each, as TRL's protocol says."""
+    request = {"prompts": PROMPTS, "n": 2, "max_tokens": 3, "temperature": 0.0}
+    answer = VLLMClient(server)._request("/generate/", json.dumps(request).encode())
+    assert answer["prompt_ids"] == PROMPTS
+    assert len(answer["completion_ids"]) == 2 * len(PROMPTS)
