@@ -167,9 +167,8 @@ class VLLMSampler:
         step: int = 0,
     ) -> Rollout:
         """:func:`rloo.generation.rollout.generate_rollouts`' contract, sampled on the server."""
-        if stop is not None or vision is not None:
-            what = "stop_strings" if stop is not None else "image prompts"
-            raise NotImplementedError(f"{what} with use_vllm are not built yet: remove them, or train without vLLM")
+        if vision is not None:
+            raise NotImplementedError("image prompts with use_vllm are not built yet: train them without vLLM")
         if not self.ready:
             self.client.check_server(self.timeout)
             if hasattr(self.client, "start"):
@@ -195,7 +194,7 @@ class VLLMSampler:
             min_p=params.min_p or 0.0,
             repetition_penalty=params.repetition_penalty,
             seeds=None if greedy else seeds,
-            generation_kwargs={"stop_token_ids": list(eos_token_ids)},
+            generation_kwargs=engine_stops(eos_token_ids, stop),
         )
         return rollout_from(
             answer.completion_ids,
@@ -208,7 +207,18 @@ class VLLMSampler:
             pad_token_id,
             next(model.parameters()).device,
             keep_logprobs=params.temperature == 1.0,
+            stop=stop,
         )
+
+
+def engine_stops(eos_token_ids: Sequence[int], stop: Any) -> dict[str, Any]:
+    """What ends a completion on the engine: the EOS ids, and (``stop``: rloo's ``StopStrings``) its stop
+    strings, kept in the text as rloo keeps them; :func:`rollout_from` then cuts by rloo's own rule."""
+    stops: dict[str, Any] = {"stop_token_ids": list(eos_token_ids)}
+    strings = getattr(stop, "strings", None)
+    if strings:
+        stops.update(stop=list(strings), include_stop_str_in_output=True)
+    return stops
 
 
 def rollout_from(
@@ -222,14 +232,18 @@ def rollout_from(
     pad_token_id: int,
     device: torch.device,
     keep_logprobs: bool,
+    stop: Callable[..., Tensor] | None = None,
 ) -> Rollout:
-    """A :class:`Rollout` of the server's completions: cut after the first EOS, right-padded, masked;
-    truncated where no EOS came within ``max_new_tokens``."""
+    """A :class:`Rollout` of the server's completions: cut after the first EOS, or after the token at which
+    ``stop`` (rloo's :class:`~rloo.generation.stopping.StopStrings`, run over the tokens as the sampler runs
+    it) says the text holds a stop string; right-padded, masked; truncated where neither came within
+    ``max_new_tokens``. A completion the engine ended early for a stop string is not truncated either."""
     eos = set(eos_token_ids)
     cut = []
     for ids in completions:
         end = next((i + 1 for i, token in enumerate(ids) if token in eos), None)
-        cut.append((ids[:end] if end is not None else ids[:max_new_tokens], end is None))
+        kept = ids[:end] if end is not None else ids[:max_new_tokens]
+        cut.append((kept, end is None and len(kept) >= max_new_tokens))  # shorter, no EOS: a stop string
     width = max(1, max(len(ids) for ids, _ in cut))
     completion_ids = torch.full((len(cut), width), pad_token_id, dtype=torch.long)
     sampled = torch.zeros((len(cut), width))
@@ -238,14 +252,24 @@ def rollout_from(
         if keep_logprobs and ids:
             sampled[row, : len(ids)] = torch.tensor(row_logprobs[: len(ids)])
     lengths = torch.tensor([len(ids) for ids, _ in cut])
+    truncated = torch.tensor([t for _, t in cut])
+    if stop is not None:  # rloo's stop rule, token by token, so both samplers end a completion alike
+        active = lengths > 0
+        for step in range(width):
+            active &= lengths > step
+            ends = stop([completion_ids[:, i] for i in range(step + 1)], active)
+            lengths = torch.where(ends, step + 1, lengths)
+            truncated &= ~ends
+            active &= ~ends
     mask = completion_mask_from_lengths(lengths, width)
+    completion_ids = torch.where(mask.bool(), completion_ids, pad_token_id)
     prompts, prompt_mask = left_pad(prompt_ids, pad_token_id, device)
     return Rollout(
         prompt_ids=prompts.repeat_interleave(k, dim=0),
         prompt_mask=prompt_mask.repeat_interleave(k, dim=0),
         completion_ids=completion_ids.to(device),
         completion_mask=mask.to(device),
-        truncated=torch.tensor([t for _, t in cut], device=device),
+        truncated=truncated.to(device),
         sampling_logprobs=(sampled * mask).to(device),
         group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
     )

@@ -336,3 +336,23 @@ def test_greedy_answers_name_each_prompt_once(server: str) -> None:
     answer = VLLMClient(server)._request("/generate/", json.dumps(request).encode())
     assert answer["prompt_ids"] == PROMPTS
     assert len(answer["completion_ids"]) == 2 * len(PROMPTS)
+
+
+def test_stop_strings_end_vllms_completions_as_they_end_rloos(server: str, model_dir: Path) -> None:
+    """A stop string ends a completion after the token that completes it, kept in it, not truncated: the
+    same completions from vLLM (its own stop, then rloo's rule over the tokens) as from rloo's sampler."""
+    from rloo.generation.stopping import StopStrings
+
+    tokenizer = build_char_tokenizer()
+    model = perturbed(model_dir, seed=2)
+    greedy = SamplingParams(temperature=0.0)
+    kwargs: dict[str, Any] = {"num_generations": 1, "max_new_tokens": 12, "eos_token_ids": [EOS], "pad_token_id": 0}
+    free = generate_rollouts(model, PROMPTS, [0, 1, 2], params=greedy, **kwargs)
+    text = tokenizer.decode(free.completion_id_lists()[0], skip_special_tokens=True)
+    stop = StopStrings(tokenizer, [text[2:4]])  # completed at the 4th token of the first completion, at least
+    ours = generate_rollouts(model, PROMPTS, [0, 1, 2], params=greedy, stop=stop, **kwargs)
+    served = VLLMSampler(server, timeout=60)(model, PROMPTS, [0, 1, 2], params=greedy, stop=stop, step=1, **kwargs)
+    assert served.completion_id_lists() == ours.completion_id_lists()
+    assert served.truncated.tolist() == ours.truncated.tolist()
+    assert not served.truncated[0] and len(served.completion_id_lists()[0]) <= 4
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
