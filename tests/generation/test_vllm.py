@@ -356,3 +356,22 @@ def test_stop_strings_end_vllms_completions_as_they_end_rloos(server: str, model
     assert served.truncated.tolist() == ours.truncated.tolist()
     assert not served.truncated[0] and len(served.completion_id_lists()[0]) <= 4
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+def test_evaluation_samples_on_the_same_engine(server: str, model_dir: Path, tmp_path: Path) -> None:
+    """trainer.evaluate() draws its completions from the server too, with the policy's weights sent first."""
+    trainer = train_through(server, model_dir, tmp_path / "eval", max_steps=1)
+    sampler = trainer.rollout_settings.engine
+    calls: list[int] = []
+    original = sampler.client.generate
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[0]))
+        return original(*args, **kwargs)
+
+    sampler.client.generate = counting
+    metrics = trainer.evaluate(eval_dataset=[{"prompt": f"{a}+1="} for a in range(4)])
+    assert calls and sum(calls) >= 4  # the evaluation prompts went to vLLM
+    assert "eval_reward" in metrics
+    assert sampler.synced_step == trainer.state.global_step and sampler.last_gap < 1e-3
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
