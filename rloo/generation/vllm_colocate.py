@@ -82,11 +82,10 @@ class LocalEngine:
             return generated(generate(self.llm, generate_request(prompt_ids, seeds, **settings)))
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
-        tensors = [(name, tensor.detach()) for name, tensor in named]
+        from rloo.generation.vllm_server import load_weights
+
         with self.awake():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
-            self.llm.reset_prefix_cache()
-        return len(tensors)
+            return load_weights(self.llm, ((name, tensor.detach()) for name, tensor in named))
 
     @contextlib.contextmanager
     def awake(self) -> Iterator[None]:

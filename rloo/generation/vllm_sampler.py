@@ -14,7 +14,7 @@ vLLM gives a request's n samples the seeds ``seed .. seed + n - 1``, so the grou
 
 Log-probs: the server's are raw (temperature 1, full support; :mod:`rloo.generation.vllm_server`); the
 rollout keeps them as ``sampling_logprobs`` only at temperature 1, where they are the sampling
-distribution's; the loss never reads them (the trainer computes the old log-probs itself with vLLM).
+distribution's; the loss never reads them (its ratio is against rloo's own log-probs of the batch).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # vLLM's CPU build, in-process engine (no worker processes to leak), unpinned OpenMP threads
@@ -147,12 +147,11 @@ def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def update_weights(llm: Any, body: bytes) -> int:
-    """Load named tensors (a safetensors file's bytes) into the engine through vLLM's reload; the count."""
-    from safetensors.torch import load
-
-    tensors = load(body)
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+def load_weights(llm: Any, named: Iterable[tuple[str, Any]]) -> int:
+    """Named tensors into the engine through vLLM's in-place reload (the prefix cache then holds other
+    weights' keys: reset); the count. The server's ``/update_weights/`` and the colocated engine both load so."""
+    tensors = list(named)
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
     llm.reset_prefix_cache()
     return len(tensors)
 
@@ -181,10 +180,12 @@ def build_app(llm: Any, world_size: int) -> Any:
 
     @app.post("/update_weights/")
     async def update_weights_endpoint(request: Request) -> dict[str, int]:
+        from safetensors.torch import load
+
         body = await request.body()
         try:
             with lock:
-                return {"tensors": update_weights(llm, body)}
+                return {"tensors": load_weights(llm, load(body).items())}
         except (ValueError, KeyError, RuntimeError) as error:
             raise HTTPException(status_code=400, detail=f"weights not loaded: {error}") from None
 

@@ -88,8 +88,10 @@ class ExperienceMaker:
         in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
-        # vLLM's log-probs come from another engine: the batch's old log-probs are always rloo's own
-        reused = self.args.optimizer_steps_per_generation > 1 or self.args.use_vllm
+        # vLLM's log-probs come from another engine (at temperature 1): rloo's own feed the KL's policy side
+        # and the engines' gap (logged at temperature 1 only); with neither, the forward would feed nothing
+        engine_gap = self.args.use_vllm and (reference is not None or self.args.temperature == 1.0)
+        reused = self.args.optimizer_steps_per_generation > 1 or engine_gap
         if reused or (reference is not None and self.spec.reward_beta > 0):
             old = no_grad_logprobs(
                 self.model(),

@@ -375,3 +375,20 @@ def test_evaluation_samples_on_the_same_engine(server: str, model_dir: Path, tmp
     assert "eval_reward" in metrics
     assert sampler.synced_step == trainer.state.global_step and sampler.last_gap < 1e-3
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+@pytest.mark.parametrize(("temperature", "passes"), [(1.0, True), (0.7, False)])
+def test_the_old_logprob_forward_runs_only_where_something_reads_it(
+    server: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temperature: float, passes: bool
+) -> None:
+    """With vLLM, beta 0 and one optimizer step per batch, rloo's own old log-probs feed only the engines' gap,
+    logged at temperature 1 (where the server's log-probs are the sampling distribution's): elsewhere no pass."""
+    from rloo.training import experience
+
+    calls: list[int] = []
+    original = experience.no_grad_logprobs
+    monkeypatch.setattr(experience, "no_grad_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    trainer = train_through(server, model_dir, tmp_path / "run", max_steps=1, beta=0.0, temperature=temperature)
+    assert bool(calls) == passes
+    assert any(names.ENGINE_GAP_MAX in e for e in trainer.state.log_history) == passes
+    VLLMSampler(server, timeout=60).sync(load(model_dir), 0)

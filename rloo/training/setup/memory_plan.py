@@ -209,7 +209,7 @@ def _largest(moments: dict[str, dict[str, float]]) -> dict[str, float]:
     return max(moments.values(), key=lambda parts: sum(parts.values()))
 
 
-def activation_bytes(shape: ModelShape, work: Workload) -> int:
+def activation_bytes(work: Workload) -> int:
     """Bytes per activation element: 2 under bf16/fp16 compute, else the weights' own."""
     return 2 if work.mixed_precision else work.weight_bytes
 
@@ -217,7 +217,7 @@ def activation_bytes(shape: ModelShape, work: Workload) -> int:
 def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
     """The peak bytes of each phase (module docstring). Worst case: full-length prompts and completions."""
     s, w = shape, work
-    a = activation_bytes(s, w)
+    a = activation_bytes(w)
     h, i, v, layers = s.hidden_size, s.intermediate_size, s.vocab_size, s.num_layers
     kv_dim = s.num_kv_heads * s.head_dim
     q_dim = s.num_heads * s.head_dim
