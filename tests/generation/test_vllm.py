@@ -392,3 +392,32 @@ def test_the_old_logprob_forward_runs_only_where_something_reads_it(
     assert bool(calls) == passes
     assert any(names.ENGINE_GAP_MAX in e for e in trainer.state.log_history) == passes
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
+
+
+def test_image_prompts_with_vllm_are_refused_naming_the_fix(model_dir: Path) -> None:
+    sampler = VLLMSampler("http://127.0.0.1:1", timeout=1)
+    with pytest.raises(NotImplementedError, match="image prompts with use_vllm are not built yet: train them without"):
+        sampler(
+            load(model_dir),
+            PROMPTS,
+            [0, 1, 2],
+            num_generations=1,
+            max_new_tokens=2,
+            params=SamplingParams(),
+            eos_token_ids=[EOS],
+            pad_token_id=0,
+            vision=object(),
+        )
+
+
+def test_sleep_mode_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from rloo.generation.vllm_colocate import LocalEngine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else real(name))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = RLOOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_enable_sleep_mode=True)
+    with pytest.raises(ValueError, match=r"vllm_enable_sleep_mode=True frees vLLM's GPU memory .* on a CPU remove it"):
+        LocalEngine(args)
