@@ -8,6 +8,7 @@ settings, reward functions and weights gives the same rewards in all four.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -24,6 +25,8 @@ from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
 from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
+from rloo.tools.agent import AgentSettings
+from rloo.tools.episodes import Episode, run_episodes
 
 
 def _id_list(value: Any, where: str) -> list[int]:
@@ -67,10 +70,14 @@ class RolloutSettings:
     compact_at: float | None = None  # sampler_compaction: finished rows leave the decode batch
     # another sampler with generate_rollouts' contract (use_vllm: rloo.generation.vllm_sampler), or None
     engine: Any = None
+    agent: AgentSettings | None = None  # multi-turn episodes with tools (rloo.tools), or None: one turn
 
     @classmethod
-    def from_config(cls, args: Any, num_generations: int | None = None) -> RolloutSettings:
-        """The settings an ``RLOOConfig`` gives (``num_generations``: another K, e.g. for evaluation)."""
+    def from_config(
+        cls, args: Any, num_generations: int | None = None, agent: AgentSettings | None = None
+    ) -> RolloutSettings:
+        """The settings an ``RLOOConfig`` gives (``num_generations``: another K, e.g. for evaluation;
+        ``agent``: the run's tools)."""
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
         return cls(
             num_generations or args.num_generations,
@@ -83,6 +90,7 @@ class RolloutSettings:
             pad_to_multiple_of=args.pad_to_multiple_of,
             compact_at=args.sampler_compaction,
             engine=_engine(args),
+            agent=agent,
         )
 
 
@@ -118,6 +126,7 @@ class ScoredRollout:
     score_seconds: float
     policy_version: int | None = None
     images: list[list[Any]] | None = None  # each prompt's images (an image column), else None
+    episodes: list[Episode] | None = None  # multi-turn rollouts: each completion's episode record
 
 
 def encode_batch(
@@ -170,7 +179,16 @@ def generate_and_score(
 
     The model samples in eval mode (no dropout) and is put back in the mode it was in.
     """
-    k = settings.num_generations
+    k, agent = settings.num_generations, settings.agent
+    if agent is not None:
+        if not is_conversational(prompts[0]):
+            raise ValueError(
+                "tools need conversational prompts (a list of messages per row, rendered with the chat template "
+                "and the tools' schemas); make the prompt column [{'role': 'user', 'content': ...}]"
+            )
+        settings = dataclasses.replace(
+            settings, chat_template_kwargs=agent.template_kwargs(dict(settings.chat_template_kwargs))
+        )
     tokenized, vision = encode_batch(tokenizer, prompts, columns, settings)
     tokenizer = tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
     stop = StopStrings(tokenizer, settings.stop_strings) if settings.stop_strings else None
@@ -181,33 +199,54 @@ def generate_and_score(
     try:
         sample = settings.engine or generate_rollouts
         engine = {} if settings.engine is None else {"step": getattr(trainer_state, "global_step", 0)}
+        common = {
+            "params": settings.sampling,
+            "eos_token_ids": eos_token_ids(tokenizer, model, settings.extra_eos_token_ids),
+            "pad_token_id": tokenizer.pad_token_id,
+            "generator": generator,
+            "sampling_seed": sampling_seed,
+            "stop": stop,
+            "vision": vision,
+            "all_done": all_done,
+            "compact_at": settings.compact_at,
+            **engine,
+        }
+        episodes = None
         with autocast():
-            rollout = sample(
-                model,
-                tokenized.ids,
-                groups,
-                num_generations=k,
-                max_new_tokens=settings.max_completion_length,
-                params=settings.sampling,
-                eos_token_ids=eos_token_ids(tokenizer, model, settings.extra_eos_token_ids),
-                pad_token_id=tokenizer.pad_token_id,
-                generator=generator,
-                sampling_seed=sampling_seed,
-                stop=stop,
-                vision=vision,
-                all_done=all_done,
-                compact_at=settings.compact_at,
-                **engine,
-            )
+            if agent is None:
+                rollout = sample(
+                    model,
+                    tokenized.ids,
+                    groups,
+                    num_generations=k,
+                    max_new_tokens=settings.max_completion_length,
+                    **common,
+                )
+            else:
+                rollout, episodes = run_episodes(
+                    sample,
+                    model,
+                    tokenized.ids,
+                    groups,
+                    num_generations=k,
+                    tokenizer=tokenizer,
+                    toolboxes=agent.toolboxes(len(groups) * k),
+                    limits=agent.limits,
+                    chat_template_kwargs=dict(settings.chat_template_kwargs),
+                    **common,
+                )
     finally:
         model.train(was_training)
     if settings.pad_to_multiple_of is not None:
         rollout = pad_to_multiple(rollout, settings.pad_to_multiple_of, tokenizer.pad_token_id)
     generated = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    completions = (
+        as_completions(texts, is_conversational(prompts[0])) if episodes is None else [e.messages for e in episodes]
+    )
     scored = rewards.score(
         prompts=repeat_per_completion(prompts, k),
-        completions=as_completions(texts, is_conversational(prompts[0])),
+        completions=completions,
         completion_ids=rollout.completion_id_lists(),
         columns={name: repeat_per_completion(values, k) for name, values in columns.items()},
         trainer_state=trainer_state,
@@ -223,4 +262,5 @@ def generate_and_score(
         generate_seconds=generated - start,
         score_seconds=time.perf_counter() - generated,
         images=[row_images(columns, i) for i in range(len(prompts))] if image_column(list(columns)) else None,
+        episodes=episodes,
     )

@@ -15,6 +15,10 @@ decision per completion, as in TRL's RLOOTrainer). When the batch is used once,
 
 Each completion's summed loss ``S_i`` (sum of its token losses, or its one sequence loss)
 is reduced to a scalar by an aggregation mode, see :func:`aggregate_loss`.
+
+``weights`` (optional, ``(N, T)``, no gradient) multiply the losses: token ``t``'s loss by ``w_t``, a
+completion's one sequence loss by its tokens' mean weight ``sum_t m_t w_t / sum_t m_t`` (the off-policy
+corrections of :mod:`rloo.algo.importance`; 1 everywhere leaves the loss unchanged).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class PolicyLoss(Protocol):
         completion_mask: Tensor,
         eps_low: float,
         eps_high: float,
+        weights: Tensor | None = None,
     ) -> PolicyLossOutput: ...
 
 
@@ -78,10 +83,14 @@ def token_level_loss(
     completion_mask: Tensor,
     eps_low: float,
     eps_high: float,
+    weights: Tensor | None = None,
 ) -> PolicyLossOutput:
-    """``S_i = sum_t m_it * l(rho_it, A_i)`` with ``rho_it = exp(log pi_it - log pi_old_it)``."""
+    """``S_i = sum_t m_it * w_it * l(rho_it, A_i)`` with ``rho_it = exp(log pi_it - log pi_old_it)``
+    (``w = 1`` without ``weights``)."""
     ratio = torch.exp(_masked_log_ratio(logprobs, old_logprobs, completion_mask))
     per_token = clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
+    if weights is not None:
+        per_token = per_token * weights
     return PolicyLossOutput(masked_row_sum(per_token, completion_mask), ratio, completion_mask)
 
 
@@ -92,11 +101,17 @@ def sequence_level_loss(
     completion_mask: Tensor,
     eps_low: float,
     eps_high: float,
+    weights: Tensor | None = None,
 ) -> PolicyLossOutput:
-    """``S_i = l(rho_i, A_i)`` with ``rho_i = exp(sum_t m_it (log pi_it - log pi_old_it))``."""
+    """``S_i = w_i * l(rho_i, A_i)`` with ``rho_i = exp(sum_t m_it (log pi_it - log pi_old_it))`` and
+    ``w_i = sum_t m_it w_it / sum_t m_it`` (1 without ``weights``)."""
     log_ratio = masked_row_sum(_masked_log_ratio(logprobs, old_logprobs, completion_mask), completion_mask)
     ratio = torch.exp(log_ratio)
     sequence_loss = clipped_surrogate(ratio, advantages, eps_low, eps_high)
+    if weights is not None:
+        sequence_loss = (
+            sequence_loss * masked_row_sum(weights, completion_mask) / completion_mask.sum(dim=1).clamp(min=1.0)
+        )
     return PolicyLossOutput(sequence_loss, ratio.unsqueeze(1), torch.ones_like(ratio).unsqueeze(1))
 
 

@@ -62,17 +62,7 @@ ELSEWHERE: dict[str, str] = {
         "evaluates eval_dataset every eval_steps; remove it",
     ),
     "eval_on_start": "call trainer.evaluate() before trainer.train()",
-    **dict.fromkeys(
-        (
-            "vllm_importance_sampling_correction",
-            "vllm_importance_sampling_mode",
-            "vllm_importance_sampling_cap",
-            "vllm_importance_sampling_clip_min",
-            "vllm_importance_sampling_clip_max",
-        ),
-        "with use_vllm rloo computes the old log-probs with its own forward (the ratio is on-policy for the "
-        "trainer's engine), so no vLLM-vs-trainer correction is applied yet; remove it",
-    ),
+    "vllm_importance_sampling_cap": "TRL deprecated it for vllm_importance_sampling_clip_max (same meaning): rename it",
     "eval_delay": "evaluations start at the first multiple of eval_steps; remove it",
     **dict.fromkeys(
         ("bf16_full_eval", "fp16_full_eval"), "evaluation runs in the training precision (bf16/fp16); remove it"
@@ -143,7 +133,6 @@ ELSEWHERE: dict[str, str] = {
         _ENTROPY,
     ),
     "top_entropy_quantile": "not supported: every completion token stays in the loss; remove it",
-    "off_policy_mask_threshold": "off-policy sequence masking is not supported; remove it",
     **dict.fromkeys(
         ("vespo_k_neg", "vespo_k_pos", "vespo_lambda_neg", "vespo_lambda_pos"), "rloo has no VESPO objective"
     ),
@@ -153,5 +142,4 @@ ELSEWHERE: dict[str, str] = {
     "multi_objective_aggregation": "rloo sums the weighted rewards, then forms the advantages (TRL's "
     "sum_then_normalize); normalize_then_sum is not supported",
     "log_completions_hub_repo": "log_completions=True writes output_dir/completions.jsonl; upload it yourself",
-    "max_tool_calling_iterations": "rloo samples single-turn rollouts only (no tool calls yet); remove it",
 }

@@ -128,6 +128,18 @@ class RLOOFields:
         "Variables for the chat template of conversational prompts, e.g. {enable_thinking: false} (Qwen3).",
         trl="chat_template_kwargs",
     )
+    max_tool_calling_iterations: int | None = option(
+        None,
+        "With tools: the most rounds of tool calls in an episode, >= 0; None = no limit but max_completion_length "
+        "(the whole episode after the prompt).",
+        trl="max_tool_calling_iterations",
+    )
+    tool_timeout: float | None = option(
+        60.0,
+        "With tools: seconds a tool call may run, > 0; a call past it is answered with an error message (and "
+        "counted as failed). None = no limit.",
+        trl=None,
+    )
     generation_batch_size: int | None = option(
         None,
         "Completions per generation batch on one process: a multiple of per_device_train_batch_size and of "
@@ -162,6 +174,12 @@ class RLOOFields:
         None,
         "Upper clip range (ratio <= 1 + epsilon_high), > 0. None = from the preset: equal to epsilon (dapo: 0.28).",
         trl="epsilon_high",
+    )
+    off_policy_mask_threshold: float | None = option(
+        None,
+        "Leave out of the policy loss a completion with a negative advantage whose mean per-token KL from the "
+        "sampling policy to the current one exceeds this, > 0 (DeepSeek-V3.2's delta, e.g. 0.5); None: off.",
+        trl="off_policy_mask_threshold",
     )
     clip_ratio: bool | None = option(
         None,

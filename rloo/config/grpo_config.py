@@ -5,7 +5,7 @@ It is the same config with one other default, ``preset='trl_grpo'``: group mean/
 (``scale_rewards='group'``), per-token ratio, ``loss_type='dapo'`` (``token_mean``), ``beta=0``.
 GRPO's own names (``loss_type``, ``scale_rewards``, ``importance_sampling_level``) are accepted by
 both classes (:mod:`rloo.config.grpo_names`). What differs from TRL's GRPO is listed in the README's
-migration section: no vLLM or multi-turn tools yet, no CISPO/SAPO/GSPO-style objectives, and
+migration section: no multi-turn tools yet, no CISPO/SAPO/GSPO-style objectives, and
 with ``beta > 0`` the KL term is not multiplied by the ratio (TRL's ``use_bias_correction_kl``).
 """
 

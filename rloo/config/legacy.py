@@ -134,8 +134,8 @@ def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:
 def check_trainer_arguments(
     optimizers: Any, quantization_config: Any, tools: Any, rollout_func: Any, environment_factory: Any
 ) -> None:
-    """TRL's ``RLOOTrainer`` / ``GRPOTrainer`` arguments rloo cannot honour yet, refused with the reason
-    and what to do; their defaults (``optimizers=(None, None)``, ``None``) are accepted, as TRL's own
+    """TRL's ``RLOOTrainer`` / ``GRPOTrainer`` arguments rloo cannot honour yet (or given wrong), refused with
+    the reason and what to do; their defaults (``optimizers=(None, None)``, ``None``) are accepted, as TRL's own
     script passes them."""
     if tuple(optimizers or (None, None)) != (None, None):
         raise ValueError(
@@ -148,11 +148,13 @@ def check_trainer_arguments(
             "RLOOTrainer(quantization_config=...) is not supported: rloo does not train quantized (QLoRA) models "
             "yet; load the model in bf16 (model_init_kwargs={'dtype': 'bfloat16'}) and train LoRA adapters"
         )
-    given = [name for name, value in (("tools", tools), ("rollout_func", rollout_func)) if value is not None]
+    given = [name for name, value in (("rollout_func", rollout_func),) if value is not None]
     given += ["environment_factory"] if environment_factory is not None else []
     if given:
         raise ValueError(
-            f"RLOOTrainer({', '.join(f'{name}=...' for name in given)}) is not supported: rloo samples single-turn "
-            "rollouts only (no tool calls, custom rollout functions or environments yet); train single-turn, or "
-            "use TRL's GRPOTrainer for multi-turn rollouts"
+            f"RLOOTrainer({', '.join(f'{name}=...' for name in given)}) is not supported yet: rloo runs multi-turn "
+            "episodes with tools=[...] (functions the model calls); custom rollout functions and environments "
+            "are not built yet"
         )
+    if tools is not None and (isinstance(tools, str | bytes) or not all(callable(t) for t in tools)):
+        raise ValueError(f"RLOOTrainer(tools={tools!r}) is invalid: give a list of functions the model may call")

@@ -55,6 +55,7 @@ def validate(config: RLOOConfig) -> None:
         _check_generation,
         _check_algorithm,
         _check_rewards,
+        _check_tools,
         _check_clip_range,
         _check_optimization,
         _check_compile,
@@ -158,6 +159,9 @@ def _check_algorithm(config: RLOOConfig) -> None:
         )
     if config.num_iterations < 1:
         raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
+    threshold = config.off_policy_mask_threshold
+    if threshold is not None and not threshold > 0:
+        raise fail("off_policy_mask_threshold", threshold, "give the largest mean KL kept, > 0 (e.g. 0.5), or None")
     if not config.max_logits_memory_mb > 0:
         raise fail("max_logits_memory_mb", config.max_logits_memory_mb, "must be > 0 (MiB of logits per pass)")
     if not config.entropy_coef >= 0:
@@ -167,6 +171,14 @@ def _check_algorithm(config: RLOOConfig) -> None:
         raise fail("reward_clip_range", config.reward_clip_range, "give (min, max) with min <= max")
     if config.reward_weights is not None and len(config.reward_weights) == 0:
         raise fail("reward_weights", config.reward_weights, "give one weight per reward function, or None")
+
+
+def _check_tools(config: RLOOConfig) -> None:
+    rounds = config.max_tool_calling_iterations
+    if rounds is not None and rounds < 0:
+        raise fail("max_tool_calling_iterations", rounds, "must be >= 0 rounds of tool calls, or None for no limit")
+    if config.tool_timeout is not None and not config.tool_timeout > 0:
+        raise fail("tool_timeout", config.tool_timeout, "must be > 0 seconds, or None for no limit")
 
 
 def _check_rewards(config: RLOOConfig) -> None:

@@ -74,6 +74,27 @@ class VLLMFields:
         "colocate: the engine's longest sequence (None: the model's); the server's --max_model_len.",
         trl="vllm_max_model_length",
     )
+    vllm_importance_sampling_correction: bool = option(
+        True,
+        "Weigh each action's policy loss by the trainer's over vLLM's probability of the sampled tokens (the "
+        "engines differ for the same weights); needs vLLM's log-probs of the full distribution: top_p 1, no "
+        "top_k, min_p or repetition_penalty (else off, with a warning).",
+        trl="vllm_importance_sampling_correction",
+    )
+    vllm_importance_sampling_mode: str = option(
+        "sequence_mask",
+        "token_truncate / token_mask (a weight per token) or sequence_truncate / sequence_mask (one per completion): "
+        "*_truncate clamps it to [clip_min, clip_max], *_mask sets a weight outside the range to 0.",
+        trl="vllm_importance_sampling_mode",
+    )
+    vllm_importance_sampling_clip_max: float | None = option(
+        3.0, "The importance weights' upper bound C_max, > 0; None: none.", trl="vllm_importance_sampling_clip_max"
+    )
+    vllm_importance_sampling_clip_min: float | None = option(
+        None,
+        "The importance weights' lower bound C_min, >= 0 and < C_max; None: none.",
+        trl="vllm_importance_sampling_clip_min",
+    )
     vllm_structured_outputs_regex: str | None = option(
         None,
         "Constrain completions to a regex (vLLM structured outputs); not supported yet: None only.",
@@ -94,9 +115,34 @@ def check_vllm(config: VLLMFields) -> None:
     url = config.vllm_server_base_url
     if url is not None and not url.startswith(("http://", "https://")):
         raise fail("vllm_server_base_url", url, "give the server's URL, e.g. http://127.0.0.1:8000")
+    check_importance_sampling(config)
     if config.vllm_structured_outputs_regex is not None:
         raise fail(
             "vllm_structured_outputs_regex", config.vllm_structured_outputs_regex, "not supported yet: remove it"
+        )
+
+
+def check_importance_sampling(config: VLLMFields) -> None:
+    """The ``vllm_importance_sampling_*`` fields (TRL's rules: bounds ordered, a truncate mode needs one)."""
+    from rloo.algo.importance import IMPORTANCE_SAMPLING_MODES
+    from rloo.config.validation import fail
+
+    mode, low, high = (
+        config.vllm_importance_sampling_mode,
+        config.vllm_importance_sampling_clip_min,
+        config.vllm_importance_sampling_clip_max,
+    )
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise fail("vllm_importance_sampling_mode", mode, f"choose one of {list(IMPORTANCE_SAMPLING_MODES)}")
+    if high is not None and not high > 0:
+        raise fail("vllm_importance_sampling_clip_max", high, "give an upper bound > 0, or None for none")
+    if low is not None and not low >= 0:
+        raise fail("vllm_importance_sampling_clip_min", low, "give a lower bound >= 0, or None for none")
+    if low is not None and high is not None and not low < high:
+        raise fail("vllm_importance_sampling_clip_min", low, f"must be below vllm_importance_sampling_clip_max={high}")
+    if config.vllm_importance_sampling_correction and mode.endswith("truncate") and low is None and high is None:
+        raise fail(
+            "vllm_importance_sampling_clip_max", high, f"{mode} needs a bound: set clip_max (TRL: 3.0) or clip_min"
         )
 
 

@@ -38,6 +38,9 @@ class Rollout:
     (``log_softmax(logits / T)``), 0 where masked. group_ids: ``(N,)`` the prompt's id.
     vision: a vision-language policy's image inputs of the N rows (the K rows of a prompt share its
     images), which every later forward over these rows takes; None for text prompts.
+    tool_mask: ``(N, Tc)`` float, multi-turn episodes (:mod:`rloo.tools.episodes`): 1 on the tokens the
+    model sampled, 0 on those inserted between its turns (tool results, the next turn's header), which
+    are attended to but never trained on; None: every completion token is the model's.
     """
 
     prompt_ids: Tensor
@@ -48,6 +51,12 @@ class Rollout:
     sampling_logprobs: Tensor
     group_ids: Tensor
     vision: VisionInputs | None = None
+    tool_mask: Tensor | None = None
+
+    @property
+    def model_mask(self) -> Tensor:
+        """``(N, Tc)``: 1 on the completion tokens the model sampled (the completion mask without inserted tokens)."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     @property
     def num_completion_tokens(self) -> int:
@@ -76,6 +85,9 @@ def pad_to_multiple(rollout: Rollout, multiple: int, pad_token_id: int) -> Rollo
         completion_mask=_pad_columns(rollout.completion_mask, completion_width, 0, left=False),
         sampling_logprobs=_pad_columns(rollout.sampling_logprobs, completion_width, 0, left=False),
         vision=None if rollout.vision is None else rollout.vision.pad_left(prompt_width),
+        tool_mask=None
+        if rollout.tool_mask is None
+        else _pad_columns(rollout.tool_mask, completion_width, 0, left=False),
     )
 
 

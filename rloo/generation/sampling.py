@@ -26,6 +26,12 @@ class SamplingParams:
     min_p: float | None = None
     repetition_penalty: float = 1.0
 
+    @property
+    def plain(self) -> bool:
+        """The tokens are drawn from ``softmax(logits / T)`` itself: no repetition penalty, top-k, top-p or
+        min-p, so the sampling distribution is the one rloo scores (its log-probs are the full support's)."""
+        return self.repetition_penalty == 1.0 and self.top_k <= 0 and self.top_p >= 1.0 and not self.min_p
+
 
 def apply_repetition_penalty(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
     """CTRL's penalty on every token in ``history``: ``z/p`` if ``z > 0`` else ``z*p``.
@@ -133,8 +139,7 @@ def sample_next_token(
         return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     scaled = logits / params.temperature if params.temperature != 1.0 else logits
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    plain = params.repetition_penalty == 1.0 and params.top_k <= 0 and params.top_p >= 1.0 and not params.min_p
-    if plain:  # the sampling distribution is the scored one: one softmax serves both
+    if params.plain:  # the sampling distribution is the scored one: one softmax serves both
         probs = (scaled - lse).exp_()
     else:
         processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature

@@ -25,7 +25,8 @@ from torch import Tensor
 @dataclass(frozen=True)
 class Generated:
     """``/generate/``'s answer: each completion's token ids (P*n, the n samples of a prompt consecutive)
-    and the engine's log-prob of each sampled token (raw: full support, temperature 1)."""
+    and the engine's log-prob of each sampled token, of the distribution it was drawn from
+    (:mod:`rloo.generation.vllm_server`)."""
 
     completion_ids: list[list[int]]
     logprobs: list[list[float]]

@@ -12,9 +12,11 @@ Randomness: with ``sampling_seed`` each prompt gets its own vLLM seed, derived f
 id, so a run samples the same completions wherever the server is (and however the prompts are batched);
 vLLM gives a request's n samples the seeds ``seed .. seed + n - 1``, so the groups' seeds are ``n`` apart.
 
-Log-probs: the server's are raw (temperature 1, full support; :mod:`rloo.generation.vllm_server`); the
-rollout keeps them as ``sampling_logprobs`` only at temperature 1, where they are the sampling
-distribution's; the loss never reads them (its ratio is against rloo's own log-probs of the batch).
+Log-probs: the server's are those of the distribution each token was drawn from
+(:mod:`rloo.generation.vllm_server`); the rollout keeps them as ``sampling_logprobs`` when that is the
+distribution rloo scores, ``log_softmax(logits / T)`` (``SamplingParams.plain``: no penalty, no truncation),
+else zeros. The loss's ratio is against rloo's own log-probs of the batch; these weigh it for the engines'
+mismatch (:mod:`rloo.algo.importance`) and measure the gap.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class VLLMSampler:
             eos_token_ids,
             pad_token_id,
             next(model.parameters()).device,
-            keep_logprobs=params.temperature == 1.0,
+            keep_logprobs=params.plain,
             stop=stop,
         )
 

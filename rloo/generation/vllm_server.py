@@ -11,9 +11,12 @@ backend prepacks linear weights, so writing parameters in place would change not
 This module runs in vLLM's own environment (``make vllm``: vLLM pins torch and transformers), so it
 imports vLLM, FastAPI, uvicorn, torch and safetensors only, never the rest of rloo.
 
-Log-probs: the engine runs with ``logprobs_mode="raw_logprobs"``, the log-softmax of the model's
-logits before temperature and truncation (the full-support distribution at temperature 1); the
-trainer computes its own log-probs for the loss and uses these to measure the engines' gap.
+Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``: the log-softmax of the logits
+the token was drawn from (after penalties, temperature and top-k/top-p/min-p). Without penalty and
+truncation that is ``log_softmax(logits / T)``, the distribution rloo's trainer scores, at any temperature:
+the trainer measures the engines' gap on them and weighs the loss by it (importance sampling). vLLM's
+default, raw log-probs, are at temperature 1 whatever the request's: compared with a trainer's at another
+temperature they would mistake the temperature for an engine mismatch.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations (a local Request) at run time
@@ -88,7 +91,7 @@ def build_engine(args: argparse.Namespace, enable_sleep_mode: bool = False) -> A
         trust_remote_code=args.trust_remote_code,
         model_impl=args.vllm_model_impl,
         seed=args.seed,
-        logprobs_mode="raw_logprobs",
+        logprobs_mode="processed_logprobs",
         **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
     )
 

@@ -6,7 +6,8 @@
                policy == reference then gives KL exactly 0): :meth:`ExperienceMaker.logprobs`;
 4. advantages  rewards clipped, the KL penalty where its placement puts it, the estimator's
                baseline and (``normalize_advantages``) batch normalization, statistics global
-               over processes; then the batch's metrics and warnings: :meth:`ExperienceMaker.train_batch`.
+               over processes; with ``use_vllm``, the engines' importance weights; then the batch's
+               metrics and warnings: :meth:`ExperienceMaker.train_batch`.
 
 (OpenRLHF calls this step "making experience"; the name is borrowed.)
 """
@@ -28,12 +29,15 @@ from rloo.algo.advantages import (
     normalize_advantages,
     rows_with_baseline,
 )
+from rloo.algo.importance import engine_importance_weights, weight_stats
 from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.config import RLOOConfig
 from rloo.generation.rollout import Rollout
+from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import ScoredRollout
+from rloo.tools.agent import episode_counts, tool_metrics
 from rloo.training import metric_names as names
 from rloo.training.metrics import (
     add_image_files,
@@ -79,7 +83,22 @@ class ExperienceMaker:
     output_dir: Path
 
     def __post_init__(self) -> None:
-        self.spec = self.args.algorithm
+        args = self.args
+        self.spec = args.algorithm
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
+        # vLLM's log-probs are the scored distribution's (log_softmax(logits / T)) without penalty or truncation
+        self.engine_logprobs = args.use_vllm and sampling.plain
+        self.correct_engines = self.engine_logprobs and args.vllm_importance_sampling_correction
+        self.correction_off: str | None = None
+        if args.use_vllm and args.vllm_importance_sampling_correction and not sampling.plain:
+            # said at the first batch: the run folder (warnings.log) is not open yet
+            self.correction_off = (
+                "vllm_importance_sampling_correction is off for this run: with top_p < 1, top_k, min_p or "
+                "repetition_penalty, vLLM's log-probs are of the truncated or penalized distribution, not the one "
+                "rloo scores, so the engines' mismatch cannot be measured or corrected. Sample from the full "
+                "distribution (top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0) to keep it, or set "
+                "vllm_importance_sampling_correction=False to silence this"
+            )
 
     def logprobs(self, rollout: Rollout) -> StoredLogprobs:
         """Phase 3: the reference's log-probs when beta > 0, the old ones when the batch feeds more
@@ -88,10 +107,10 @@ class ExperienceMaker:
         in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
-        # vLLM's log-probs come from another engine (at temperature 1): rloo's own feed the KL's policy side
-        # and the engines' gap (logged at temperature 1 only); with neither, the forward would feed nothing
-        engine_gap = self.args.use_vllm and (reference is not None or self.args.temperature == 1.0)
-        reused = self.args.optimizer_steps_per_generation > 1 or engine_gap
+        # vLLM's log-probs come from another engine: rloo's own feed the KL's policy side and the engines'
+        # importance weights; with neither, the forward would feed nothing
+        engines = self.args.use_vllm and (reference is not None or self.correct_engines)
+        reused = self.args.optimizer_steps_per_generation > 1 or engines
         if reused or (reference is not None and self.spec.reward_beta > 0):
             old = no_grad_logprobs(
                 self.model(),
@@ -112,10 +131,35 @@ class ExperienceMaker:
         # batch-level statistics span every process's batch
         rewards, loss_mask, per_token_kl, advantages = self._advantages(scored, logprobs, self.ranks.batch_stats)
         metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
-        if self.args.use_vllm and logprobs.old is not None and self.args.temperature == 1.0:
-            metrics.update(self.engine_gap(logprobs.old, scored.rollout))
+        if self.correction_off is not None:
+            self.warn(self.correction_off)
+        rollout, weights = scored.rollout, None
+        if self.engine_logprobs and logprobs.old is not None:
+            metrics.update(self.engine_gap(logprobs.old, rollout))
+        if self.correct_engines:
+            assert logprobs.old is not None
+            args = self.args
+            mode = args.vllm_importance_sampling_mode
+            weights = engine_importance_weights(
+                logprobs.old,
+                rollout.sampling_logprobs,
+                rollout.model_mask,
+                mode,
+                args.vllm_importance_sampling_clip_min,
+                args.vllm_importance_sampling_clip_max,
+            )
+            metrics.update(self.weight_metrics(weights, rollout.model_mask, mode))
         return TrainBatch(
-            scored.rollout, loss_mask, advantages, logprobs.old, logprobs.reference, metrics, rewards=rewards
+            rollout,
+            loss_mask,
+            advantages,
+            logprobs.old,
+            logprobs.reference,
+            metrics,
+            rewards=rewards,
+            engine_weights=weights,
+            # the off-policy mask's sampling side: the sampler's own log-probs where they are the scored distribution's
+            sampling_logprobs=rollout.sampling_logprobs if not self.args.use_vllm or self.engine_logprobs else None,
         )
 
     def _advantages(
@@ -126,7 +170,7 @@ class ExperienceMaker:
         args, spec, rollout = self.args, self.spec, scored.rollout
         scorable = scored.rewards.scorable
         rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
-        loss_mask = rollout.completion_mask
+        loss_mask = rollout.model_mask  # inserted tokens (tool results) are context, never trained on
         if spec.mask_truncated_completions:
             loss_mask = mask_truncated(loss_mask, rollout.truncated)
         per_token_kl = None
@@ -198,8 +242,14 @@ class ExperienceMaker:
         limit = getattr(self.model().config, "max_position_embeddings", None)
         for message in batch_warnings(metrics, self.reward_names, self.args.max_prompt_length, limit):
             self.warn(message)
-        signal, tokens = self.ranks.sum(nonzero_advantage_tokens(advantages, loss_mask, scored.rollout.completion_mask))
+        signal, tokens = self.ranks.sum(nonzero_advantage_tokens(advantages, loss_mask, scored.rollout.model_mask))
         metrics[names.FRAC_TOKENS_NONZERO_ADVANTAGE] = signal / max(tokens, 1.0)
+        if scored.episodes is not None:  # multi-turn: tool calls, failures, turns, inserted tokens, cut episodes
+            rollout = scored.rollout
+            counts = episode_counts(
+                scored.episodes, float(rollout.model_mask.sum()), float(rollout.completion_mask.sum())
+            )
+            metrics.update(tool_metrics(self.ranks.sum(counts)))
         if per_token_kl is not None:
             kl_sum, tokens = self.ranks.sum([float((per_token_kl * loss_mask).sum()), float(loss_mask.sum())])
             metrics[names.KL] = kl_sum / max(tokens, 1.0)
@@ -212,13 +262,27 @@ class ExperienceMaker:
 
     def engine_gap(self, old: Tensor, rollout: Rollout) -> dict[str, float]:
         """How far vLLM's log-probs of the sampled tokens are from the trainer's (``old``, the same policy),
-        over every process's completion tokens: TRL's ``sampling/sampling_logp_difference``. Only at
-        temperature 1, where the server's raw log-probs are the sampling distribution's."""
-        mask = rollout.completion_mask.bool()
+        over every process's completion tokens: TRL's ``sampling/sampling_logp_difference``."""
+        mask = rollout.model_mask.bool()
         gap = (old - rollout.sampling_logprobs).abs()[mask]
         total, tokens = self.ranks.sum([float(gap.sum()), float(gap.numel())])
         largest = max(self.ranks.gather_objects(float(gap.max()) if gap.numel() else 0.0))
         return {names.ENGINE_GAP_MEAN: total / max(tokens, 1.0), names.ENGINE_GAP_MAX: largest}
+
+    def weight_metrics(self, weights: Tensor, mask: Tensor, mode: str) -> dict[str, float]:
+        """The engines' importance weights over every process's actions: TRL's
+        ``sampling/importance_sampling_ratio/{min,mean,max}``, and the share a ``*_mask`` mode zeroed."""
+        parts = self.ranks.gather_objects(weight_stats(weights, mask, mode))
+        seen = [part for part in parts if part.actions]
+        actions = sum(part.actions for part in seen)
+        if not seen:
+            return {}
+        return {
+            names.IS_RATIO_MIN: min(part.min for part in seen),
+            names.IS_RATIO_MEAN: sum(part.mean * part.actions for part in seen) / actions,
+            names.IS_RATIO_MAX: max(part.max for part in seen),
+            names.IS_MASKED_FRAC: sum(part.masked_frac * part.actions for part in seen) / actions,
+        }
 
     def max_rows(self, rollout: Rollout) -> int:
         """Rows per no-grad pass over ``rollout``: at most a training micro-batch's

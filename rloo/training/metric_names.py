@@ -31,9 +31,13 @@ POLICY_VERSION = "policy_version"
 # a reused batch's first step: mean |log pi_train - log pi_old| of the stored old log-probs, 0 in exact arithmetic
 # (over the trained rows' loss tokens, as ENTROPY)
 FIRST_STEP_LOG_RATIO = "first_step/abs_log_ratio"
-# use_vllm at temperature 1: |log p_trainer - log p_vLLM| of the sampled tokens (TRL's names)
+# use_vllm: |log p_trainer - log p_vLLM| of the sampled tokens, and the importance weights (TRL's names)
 ENGINE_GAP_MEAN = "sampling/sampling_logp_difference/mean"
 ENGINE_GAP_MAX = "sampling/sampling_logp_difference/max"
+IS_RATIO_MIN = "sampling/importance_sampling_ratio/min"
+IS_RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
+IS_RATIO_MAX = "sampling/importance_sampling_ratio/max"
+IS_MASKED_FRAC = "sampling/importance_sampling_ratio/masked_frac"
 EVAL_REWARD = "eval_reward"
 TRAIN_LOSS = "train_loss"
 

@@ -57,7 +57,7 @@ def batch_record(scored: ScoredRollout, rewards: Tensor, advantages: Tensor) -> 
         penalized=_cpu(rewards),
         advantages=_cpu(advantages),
         group_ids=_cpu(rollout.group_ids),
-        lengths=_cpu(rollout.completion_mask.sum(dim=1)),
+        lengths=_cpu(rollout.model_mask.sum(dim=1)),  # the model's tokens (TRL: tool results not counted)
         truncated=_cpu(rollout.truncated),
         prompt_max_length=float(rollout.prompt_mask.sum(dim=1).max()),
         truncated_prompts=float(scored.num_truncated_prompts),

@@ -43,7 +43,9 @@ class TrainBatch:
     old_logprobs / reference_logprobs: ``(N, Tc)`` or None (None old log-probs: the batch
     is used in one optimizer step, so the current log-probs, detached, are the old ones).
     metrics: generation-side metrics of this batch. rewards: ``(N,)`` what the baseline saw
-    (clipped, KL-penalized where the KL is a reward penalty).
+    (clipped, KL-penalized where the KL is a reward penalty). engine_weights: ``(N, Tc)`` the engines'
+    importance weights (``use_vllm``), or None; sampling_logprobs: ``(N, Tc)`` the sampling policy's
+    log-probs of the sampled tokens where they are the scored distribution's (the off-policy mask's), or None.
     """
 
     rollout: Rollout
@@ -53,6 +55,8 @@ class TrainBatch:
     reference_logprobs: Tensor | None
     metrics: dict[str, float]
     rewards: Tensor | None = None
+    engine_weights: Tensor | None = None
+    sampling_logprobs: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -76,6 +80,8 @@ class Pass:
     old_logprobs: Tensor | None
     reference_logprobs: Tensor | None
     vision: VisionInputs | None = None
+    engine_weights: Tensor | None = None
+    sampling_logprobs: Tensor | None = None
 
 
 def _trim_columns(rollout: Rollout, rows: Tensor) -> tuple[slice, slice]:
@@ -104,6 +110,8 @@ def take_rows(batch: TrainBatch, rows: Tensor) -> Pass:
         old_logprobs=pick(batch.old_logprobs),
         reference_logprobs=pick(batch.reference_logprobs),
         vision=None if r.vision is None else r.vision.select(rows, p),
+        engine_weights=pick(batch.engine_weights),
+        sampling_logprobs=pick(batch.sampling_logprobs),
     )
 
 
@@ -269,6 +277,8 @@ def pass_loss(
         advantages=rows.advantages,
         loss_mask=rows.loss_mask,
         entropy=current.entropy.float(),
+        engine_weights=rows.engine_weights,
+        sampling_logprobs=rows.sampling_logprobs,
     )
     out = policy_objective(inputs, objective, total_tokens=total_tokens, total_sequences=total_sequences)
     entropy_mask = rows.loss_mask if rows.loss_mask.sum() > 0 else rows.completion_mask

@@ -42,6 +42,7 @@ from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import processing_classes, resolve_rewards
+from rloo.tools.agent import AgentSettings
 from rloo.training import metric_names as names
 from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.callbacks import Callbacks
@@ -151,7 +152,8 @@ class RLOOTrainer:
         self.model, self.optimizer, self.scheduler = prepared
         self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(policy=self.unwrapped_model, reference=self.ref_model, args=args)
-        self.rollout_settings = RolloutSettings.from_config(args)
+        agent = AgentSettings.from_config(args, tools, lockstep=self.ranks.lockstep)  # tools: multi-turn episodes
+        self.rollout_settings = RolloutSettings.from_config(args, agent=agent)
         self.rollouts: RolloutSource = SynchronousRollouts(
             prompts=self.sampler,
             generate=lambda rows, groups: self._scored_rollout(rows, groups, sampling_seed=args.seed),

@@ -11,6 +11,7 @@ then clipped; a step whose loss or gradient is not finite makes no update
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,10 @@ class Updater:
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.accelerator, self.ranks, self.args = accelerator, ranks, args
-        self.objective: ObjectiveSettings = args.algorithm.objective(args.max_completion_length, args.entropy_coef)
+        self.objective: ObjectiveSettings = dataclasses.replace(
+            args.algorithm.objective(args.max_completion_length, args.entropy_coef),
+            off_policy_threshold=args.off_policy_mask_threshold,
+        )
         self.forward_model = compile_for_training(model, args)
         self.aux_loss_coef = args.router_aux_loss_coef if is_mixture_of_experts(model) else 0.0
         self.exact_skip = (

@@ -84,15 +84,26 @@ def test_seeded_samples_repeat_and_differ_by_seed(server: str) -> None:
     assert len({tuple(ids) for ids in first}) > 1  # a group's samples are not copies of one another
 
 
-def test_logprobs_are_a_forwards_at_temperature_one(server: str, model_dir: Path) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_a_forwards_at_the_sampling_temperature(server: str, model_dir: Path, temperature: float) -> None:
+    """vLLM's log-probs of its tokens are log_softmax(logits / T), the distribution rloo scores, at any T (its
+    default raw log-probs are at T = 1 whatever the request's); under top_p they are the truncated one's."""
     model = load(model_dir)
-    served = VLLMClient(server).generate(PROMPTS[:1], n=2, max_tokens=8, temperature=0.7, seeds=[3])
+    client = VLLMClient(server)
+    served = client.generate(PROMPTS[:1], n=2, max_tokens=8, temperature=temperature, seeds=[3])
     for ids, logprobs in zip(served.completion_ids, served.logprobs, strict=True):
         full = torch.tensor([PROMPTS[0] + ids])
         with torch.no_grad():
             logits = model(input_ids=full).logits[0, len(PROMPTS[0]) - 1 : -1]
-        ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        ours = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(logprobs), ours, atol=1e-4, rtol=0)
+    truncated = client.generate(PROMPTS[:1], n=2, max_tokens=8, temperature=temperature, top_p=0.5, seeds=[3])
+    for ids, logprobs in zip(truncated.completion_ids, truncated.logprobs, strict=True):
+        full = torch.tensor([PROMPTS[0] + ids])
+        with torch.no_grad():
+            logits = model(input_ids=full).logits[0, len(PROMPTS[0]) - 1 : -1]
+        ours = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        assert bool((torch.tensor(logprobs) >= ours - 1e-4).all())  # renormalized over the nucleus: never lower
 
 
 def perturbed(model_dir: Path, seed: int) -> Any:
@@ -377,20 +388,33 @@ def test_evaluation_samples_on_the_same_engine(server: str, model_dir: Path, tmp
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
 
 
-@pytest.mark.parametrize(("temperature", "passes"), [(1.0, True), (0.7, False)])
+@pytest.mark.parametrize(("correction", "passes"), [(True, True), (False, False)])
 def test_the_old_logprob_forward_runs_only_where_something_reads_it(
-    server: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temperature: float, passes: bool
+    server: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, correction: bool, passes: bool
 ) -> None:
-    """With vLLM, beta 0 and one optimizer step per batch, rloo's own old log-probs feed only the engines' gap,
-    logged at temperature 1 (where the server's log-probs are the sampling distribution's): elsewhere no pass."""
+    """With vLLM, beta 0 and one optimizer step per batch, rloo's own old log-probs feed only the engines'
+    importance weights (and gap): without the correction, no pass. At temperature 0.7 too."""
     from rloo.training import experience
 
     calls: list[int] = []
     original = experience.no_grad_logprobs
     monkeypatch.setattr(experience, "no_grad_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k))
-    trainer = train_through(server, model_dir, tmp_path / "run", max_steps=1, beta=0.0, temperature=temperature)
+    trainer = train_through(
+        server,
+        model_dir,
+        tmp_path / "run",
+        max_steps=1,
+        beta=0.0,
+        temperature=0.7,
+        vllm_importance_sampling_correction=correction,
+    )
     assert bool(calls) == passes
-    assert any(names.ENGINE_GAP_MAX in e for e in trainer.state.log_history) == passes
+    logged = [e for e in trainer.state.log_history if names.ENGINE_GAP_MAX in e]
+    assert bool(logged) == passes
+    if passes:  # the same weights in two float32 engines: weights of 1, nothing masked
+        assert logged[0][names.ENGINE_GAP_MAX] < 1e-3
+        assert logged[0][names.IS_RATIO_MEAN] == pytest.approx(1.0, abs=1e-2)
+        assert logged[0][names.IS_MASKED_FRAC] == 0.0
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
 
 

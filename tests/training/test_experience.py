@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,77 @@ def test_no_grad_passes_take_at_most_a_training_micro_batch(tmp_path: Path) -> N
             hook.remove()
     assert stored.old is not None and stored.reference is not None and stored.old.shape[0] == 16
     assert rows and max(rows) <= 8
+
+
+# ------------------------------------------------ the engines' importance weights, with a stand-in engine
+class ShiftedEngine:
+    """rloo's own sampler standing in for vLLM, reporting each sampled token's log-prob ``shift`` nats higher
+    than it is (an engine that overrates its tokens): the trainer's importance weight is ``exp(-shift)`` a token."""
+
+    def __init__(self, shift: float) -> None:
+        self.shift = shift
+
+    def __call__(self, model: Any, *args: Any, step: int = 0, **kwargs: Any) -> Rollout:
+        from rloo.generation.rollout import generate_rollouts
+
+        rollout = generate_rollouts(model, *args, **kwargs)
+        shifted = (rollout.sampling_logprobs + self.shift) * rollout.completion_mask
+        return dataclasses.replace(rollout, sampling_logprobs=shifted)
+
+
+def shifted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: float, **overrides: Any) -> dict[str, float]:
+    from rloo import pipeline
+    from tests.helpers.models import last_train_log
+
+    monkeypatch.setattr(pipeline, "_engine", lambda args: ShiftedEngine(shift) if args.use_vllm else None)
+    run = trainer(tmp_path, use_vllm=True, max_steps=1, **overrides)
+    run.train()
+    return last_train_log(run)
+
+
+def test_token_weights_scale_the_loss_by_the_engines_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every token overrated by log 2: a token_truncate weight of 1/2 each halves the loss (same samples, seed 0)."""
+    common = {"vllm_importance_sampling_mode": "token_truncate", "ratio_level": "token"}
+    plain = shifted_run(tmp_path / "a", monkeypatch, 0.0, **common)
+    halved = shifted_run(tmp_path / "b", monkeypatch, math.log(2.0), **common)
+    off = shifted_run(tmp_path / "c", monkeypatch, math.log(2.0), vllm_importance_sampling_correction=False, **common)
+    assert plain["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-5)
+    assert halved["sampling/importance_sampling_ratio/max"] == pytest.approx(0.5, abs=1e-5)
+    assert halved["sampling/sampling_logp_difference/mean"] == pytest.approx(math.log(2.0), abs=1e-5)
+    assert halved["loss"] == pytest.approx(plain["loss"] / 2, rel=1e-4)
+    assert (
+        off["loss"] == pytest.approx(plain["loss"], rel=1e-6) and "sampling/importance_sampling_ratio/mean" not in off
+    )
+
+
+def test_sequence_mask_drops_completions_an_engine_rates_far_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token underrated by 1 nat each: a completion of L tokens has weight e^L > 3, masked (TRL's default
+    sequence_mask with clip_max 3), so nothing is trained; with clip_max above every e^L all are kept."""
+    masked = shifted_run(tmp_path / "a", monkeypatch, -1.0)
+    assert masked["sampling/importance_sampling_ratio/masked_frac"] == 1.0 and masked["loss"] == 0.0
+    kept = shifted_run(tmp_path / "b", monkeypatch, -1.0, vllm_importance_sampling_clip_max=1e4)
+    assert kept["sampling/importance_sampling_ratio/masked_frac"] == 0.0 and kept["loss"] != 0.0
+
+
+def test_truncated_sampling_turns_the_correction_off_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged = shifted_run(tmp_path, monkeypatch, math.log(2.0), top_p=0.9)
+    assert "vllm_importance_sampling_correction is off for this run: with top_p < 1" in capsys.readouterr().err
+    assert "sampling/importance_sampling_ratio/mean" not in logged
+    assert "sampling/sampling_logp_difference/mean" not in logged
+
+
+def test_the_off_policy_mask_leaves_out_negative_advantages_the_sampler_rated_higher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler's log-probs 1 nat above the current policy's: a mean KL of 1 > delta 0.5, so each completion
+    with a negative advantage leaves the loss (with A >= 0 only, the token-mean loss is <= 0)."""
+    common = {"vllm_importance_sampling_correction": False, "ratio_level": "token"}
+    plain = shifted_run(tmp_path / "a", monkeypatch, 1.0, **common)
+    masked = shifted_run(tmp_path / "b", monkeypatch, 1.0, off_policy_mask_threshold=0.5, **common)
+    near = shifted_run(tmp_path / "c", monkeypatch, 1.0, off_policy_mask_threshold=1.5, **common)
+    assert masked["loss"] < plain["loss"] and masked["loss"] <= 0.0
+    assert near["loss"] == pytest.approx(plain["loss"], rel=1e-6)

@@ -326,6 +326,15 @@ def test_trl_generation_engines_are_refused_saying_why(name: str) -> None:
         ({"vllm_server_port": 70000}, "give a TCP port, 1-65535"),
         ({"vllm_server_base_url": "localhost:8000"}, "give the server's URL, e.g. http://127.0.0.1:8000"),
         ({"vllm_structured_outputs_regex": "[0-9]+"}, "not supported yet: remove it"),
+        ({"vllm_importance_sampling_mode": "token"}, "choose one of ['token_truncate', 'token_mask'"),
+        ({"vllm_importance_sampling_clip_max": 0.0}, "give an upper bound > 0, or None for none"),
+        ({"vllm_importance_sampling_clip_min": -1.0}, "give a lower bound >= 0, or None for none"),
+        ({"vllm_importance_sampling_clip_min": 3.0}, "must be below vllm_importance_sampling_clip_max=3.0"),
+        (
+            {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_max": None},
+            "sequence_truncate needs a bound",
+        ),
+        ({"vllm_importance_sampling_cap": 2.0}, "TRL deprecated it for vllm_importance_sampling_clip_max"),
     ],
 )
 def test_vllm_settings_are_checked(kwargs: dict[str, Any], fix: str) -> None:

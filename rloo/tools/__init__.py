@@ -1,0 +1,1 @@
+"""Multi-turn rollouts: tools the model calls, environments, custom rollout functions (TRL GRPO's API)."""

@@ -1,0 +1,118 @@
+"""Running the tool calls of a batch's episodes: every call at once, each within ``tool_timeout``.
+
+A tool is a Python function (sync or ``async``) with typed arguments and a Google-style docstring, as
+TRL and transformers' chat templates take it (``transformers.utils.get_json_schema`` builds its JSON
+schema). A call's answer is the tool message ``{"role": "tool", "name": name, "content": str(result)}``;
+a call that fails (an unknown tool, arguments the function does not take, an exception, a result whose
+``str()`` raises, no answer within ``tool_timeout``) is answered with ``str({"error": message})``, as TRL
+answers it, and counted as a failure: the model reads the error and the run goes on.
+
+The calls of all episodes run concurrently, each in its own thread (an ``async`` tool in its own event
+loop there), so one slow tool costs the batch its own time, not the sum. A call that outlives
+``tool_timeout`` keeps its daemon thread (Python cannot kill one) but no longer holds the run, as a reward
+function past ``reward_timeout`` does (:func:`rloo.rewards.calling._with_timeout`; here the calls start
+together and share one deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """One call's tool message and whether the call failed."""
+
+    message: dict[str, Any]
+    failed: bool
+
+
+class Toolbox:
+    """The tools one episode may call, by name (a function's ``__name__``)."""
+
+    def __init__(self, tools: Sequence[Callable[..., Any]]) -> None:
+        self.tools: dict[str, Callable[..., Any]] = {}
+        for tool in tools:
+            name = getattr(tool, "__name__", None)
+            if not callable(tool) or not isinstance(name, str):
+                raise ValueError(f"tools: {tool!r} is not a function; give functions (or an environment's methods)")
+            if name in self.tools and self.tools[name] is not tool:
+                raise ValueError(f"tools: two tools are named {name!r}; the model calls them by name, so rename one")
+            self.tools[name] = tool
+
+    @property
+    def functions(self) -> list[Callable[..., Any]]:
+        return list(self.tools.values())
+
+
+def run_tool_calls(
+    jobs: Sequence[tuple[Toolbox, Sequence[dict[str, Any]]]], timeout: float | None
+) -> list[list[ToolAnswer]]:
+    """The answers to each job's calls (TRL's ``{"type": "function", "function": {"name", "arguments"}}``),
+    in order; every call of every job runs at once, each within ``timeout`` seconds (None: no limit)."""
+    pending: list[tuple[int, int, _Call]] = []
+    answers: list[list[ToolAnswer | None]] = [[None] * len(calls) for _, calls in jobs]
+    for j, (toolbox, calls) in enumerate(jobs):
+        for c, request in enumerate(calls):
+            function = request.get("function", {}) if request.get("type", "function") == "function" else None
+            if function is None:
+                answers[j][c] = _error(
+                    str(request.get("name", "unknown")), f"Unsupported tool call type: {request.get('type')}"
+                )
+                continue
+            name, arguments = function.get("name", "unknown"), function.get("arguments") or {}
+            tool = toolbox.tools.get(name)
+            if tool is None:
+                answers[j][c] = _error(name, f"Tool {name} not found.")
+                continue
+            pending.append((j, c, _Call(name, tool, dict(arguments))))
+    for _, _, running in pending:
+        running.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for j, c, running in pending:
+        answers[j][c] = running.answer(deadline, timeout)
+    return [[answer for answer in row if answer is not None] for row in answers]
+
+
+def _error(name: str, message: str) -> ToolAnswer:
+    return ToolAnswer({"role": "tool", "name": name, "content": str({"error": message})}, failed=True)
+
+
+class _Call:
+    """One tool call running in a daemon thread."""
+
+    def __init__(self, name: str, tool: Callable[..., Any], arguments: dict[str, Any]) -> None:
+        self.name, self.tool, self.arguments = name, tool, arguments
+        self.box: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"rloo-tool-{name}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            result = self.tool(**self.arguments)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result))
+            self.box["content"] = str(result)
+        except BaseException as error:  # answered to the model, never raised into the run
+            self.box["error"] = error
+
+    def answer(self, deadline: float | None, timeout: float | None) -> ToolAnswer:
+        self.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self.thread.is_alive():
+            return _error(self.name, f"tool {self.name} did not return within tool_timeout={timeout} s")
+        if "error" in self.box:
+            error = self.box["error"]
+            return _error(self.name, str(error) or type(error).__name__)
+        return ToolAnswer({"role": "tool", "name": self.name, "content": self.box["content"]}, failed=False)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
