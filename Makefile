@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 # resolves afresh instead.
 CONSTRAINTS ?= requirements/tested.txt
 
-.PHONY: install demo test test-slow test-newest test-oldest lint lock vllm
+.PHONY: install demo demo-tools test test-slow test-newest test-oldest lint lock vllm
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rloo demo
+
+demo-tools: $(STAMP)
+	$(BIN)/rloo demo-tools
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -27,6 +27,7 @@ from rloo.generation.stopping import StopStrings
 from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
 from rloo.tools.agent import AgentSettings
 from rloo.tools.episodes import Episode, run_episodes
+from rloo.tools.rollout_func import custom_rollout
 
 
 def _id_list(value: Any, where: str) -> list[int]:
@@ -71,13 +72,18 @@ class RolloutSettings:
     # another sampler with generate_rollouts' contract (use_vllm: rloo.generation.vllm_sampler), or None
     engine: Any = None
     agent: AgentSettings | None = None  # multi-turn episodes with tools (rloo.tools), or None: one turn
+    custom: Callable[[list[Any]], Any] | None = None  # rollout_func bound to the trainer: the user samples
 
     @classmethod
     def from_config(
-        cls, args: Any, num_generations: int | None = None, agent: AgentSettings | None = None
+        cls,
+        args: Any,
+        num_generations: int | None = None,
+        agent: AgentSettings | None = None,
+        custom: Callable[[list[Any]], Any] | None = None,
     ) -> RolloutSettings:
         """The settings an ``RLOOConfig`` gives (``num_generations``: another K, e.g. for evaluation;
-        ``agent``: the run's tools)."""
+        ``agent``: the run's tools; ``custom``: its rollout_func)."""
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
         return cls(
             num_generations or args.num_generations,
@@ -91,6 +97,7 @@ class RolloutSettings:
             compact_at=args.sampler_compaction,
             engine=_engine(args),
             agent=agent,
+            custom=custom,
         )
 
 
@@ -179,76 +186,43 @@ def generate_and_score(
 
     The model samples in eval mode (no dropout) and is put back in the mode it was in.
     """
-    k, agent = settings.num_generations, settings.agent
-    if agent is not None:
-        if not is_conversational(prompts[0]):
-            raise ValueError(
-                "tools need conversational prompts (a list of messages per row, rendered with the chat template "
-                "and the tools' schemas); make the prompt column [{'role': 'user', 'content': ...}]"
-            )
-        settings = dataclasses.replace(
-            settings, chat_template_kwargs=agent.template_kwargs(dict(settings.chat_template_kwargs))
-        )
-    tokenized, vision = encode_batch(tokenizer, prompts, columns, settings)
-    tokenizer = tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
-    stop = StopStrings(tokenizer, settings.stop_strings) if settings.stop_strings else None
+    k = settings.num_generations
     groups = list(range(len(prompts))) if group_ids is None else list(group_ids)
     start = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
-        sample = settings.engine or generate_rollouts
-        engine = {} if settings.engine is None else {"step": getattr(trainer_state, "global_step", 0)}
-        common = {
-            "params": settings.sampling,
-            "eos_token_ids": eos_token_ids(tokenizer, model, settings.extra_eos_token_ids),
-            "pad_token_id": tokenizer.pad_token_id,
-            "generator": generator,
-            "sampling_seed": sampling_seed,
-            "stop": stop,
-            "vision": vision,
-            "all_done": all_done,
-            "compact_at": settings.compact_at,
-            **engine,
-        }
-        episodes = None
         with autocast():
-            if agent is None:
-                rollout = sample(
-                    model,
-                    tokenized.ids,
-                    groups,
-                    num_generations=k,
-                    max_new_tokens=settings.max_completion_length,
-                    **common,
-                )
-            else:
-                rollout, episodes = run_episodes(
-                    sample,
-                    model,
-                    tokenized.ids,
-                    groups,
-                    num_generations=k,
-                    tokenizer=tokenizer,
-                    toolboxes=agent.toolboxes(len(groups) * k),
-                    limits=agent.limits,
-                    chat_template_kwargs=dict(settings.chat_template_kwargs),
-                    **common,
-                )
+            sampled = sample_batch(
+                model,
+                tokenizer,
+                prompts,
+                columns,
+                settings,
+                groups,
+                generator=generator,
+                sampling_seed=sampling_seed,
+                step=getattr(trainer_state, "global_step", 0),
+                all_done=all_done,
+            )
     finally:
         model.train(was_training)
+    tokenizer = tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
+    rollout = sampled.rollout
     if settings.pad_to_multiple_of is not None:
         rollout = pad_to_multiple(rollout, settings.pad_to_multiple_of, tokenizer.pad_token_id)
     generated = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    episodes = sampled.episodes
     completions = (
         as_completions(texts, is_conversational(prompts[0])) if episodes is None else [e.messages for e in episodes]
     )
+    per_completion = {name: repeat_per_completion(values, k) for name, values in columns.items()}
     scored = rewards.score(
-        prompts=repeat_per_completion(prompts, k),
+        prompts=sampled.episode_prompts or repeat_per_completion(prompts, k),
         completions=completions,
         completion_ids=rollout.completion_id_lists(),
-        columns={name: repeat_per_completion(values, k) for name, values in columns.items()},
+        columns={**per_completion, **sampled.columns},
         trainer_state=trainer_state,
     )
     device = rollout.completion_ids.device
@@ -258,9 +232,97 @@ def generate_and_score(
         prompts=list(prompts),
         completion_texts=texts,
         rewards=scored,
-        num_truncated_prompts=tokenized.num_truncated,
+        num_truncated_prompts=sampled.num_truncated_prompts,
         generate_seconds=generated - start,
         score_seconds=time.perf_counter() - generated,
         images=[row_images(columns, i) for i in range(len(prompts))] if image_column(list(columns)) else None,
         episodes=episodes,
     )
+
+
+@dataclass(frozen=True)
+class SampledBatch:
+    """What a rollout source returned for P prompts: the rollout (N = P*K rows); prompts cut to
+    ``max_prompt_length``; multi-turn episodes' records, or None; each completion's own prompt (an
+    environment's observation in it), or None (a prompt's K share it); more per-completion reward columns."""
+
+    rollout: Rollout
+    num_truncated_prompts: int
+    episodes: list[Episode] | None = None
+    episode_prompts: list[Any] | None = None
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def sample_batch(
+    model: nn.Module,
+    processing_class: Any,
+    prompts: Sequence[Any],
+    columns: dict[str, list[Any]],
+    settings: RolloutSettings,
+    groups: list[int],
+    *,
+    generator: torch.Generator | None,
+    sampling_seed: int | None,
+    step: int,
+    all_done: Callable[[bool], bool] | None,
+) -> SampledBatch:
+    """K completions of each prompt from the run's rollout source: the user's ``rollout_func``, multi-turn
+    episodes (``settings.agent``: tools, environments) or one turn, on rloo's sampler or ``settings.engine``."""
+    k, agent = settings.num_generations, settings.agent
+    tokenizer = processing_class.tokenizer if is_processor(processing_class) else processing_class
+    eos = eos_token_ids(tokenizer, model, settings.extra_eos_token_ids)
+    if settings.custom is not None:  # rollout_func: the user samples (and templates) the batch
+        rollout, extra = custom_rollout(
+            settings.custom(list(prompts)), len(prompts), k, groups, eos, tokenizer.pad_token_id, _device(model)
+        )
+        return SampledBatch(rollout, 0, columns=extra)
+    inputs, base = None, dict(settings.chat_template_kwargs)
+    if agent is not None:  # multi-turn: the tools' schemas in the prompt; with environments, a prompt per episode
+        if not is_conversational(prompts[0]):
+            raise ValueError(
+                "tools need conversational prompts (a list of messages per row, rendered with the chat template "
+                "and the tools' schemas); make the prompt column [{'role': 'user', 'content': ...}]"
+            )
+        inputs = agent.episode_inputs(prompts, columns, k)
+        settings = dataclasses.replace(settings, chat_template_kwargs=agent.template_kwargs(base))
+    if agent is not None and inputs is not None and inputs.prompts is not None:
+        tokenized, vision = agent.encode_episodes(inputs, tokenizer, settings.max_prompt_length, base), None
+    else:
+        tokenized, vision = encode_batch(processing_class, prompts, columns, settings)
+    sample = settings.engine or generate_rollouts
+    common = {
+        "params": settings.sampling,
+        "eos_token_ids": eos,
+        "pad_token_id": tokenizer.pad_token_id,
+        "generator": generator,
+        "sampling_seed": sampling_seed,
+        "stop": StopStrings(tokenizer, settings.stop_strings) if settings.stop_strings else None,
+        "vision": vision,
+        "all_done": all_done,
+        "compact_at": settings.compact_at,
+        **({} if settings.engine is None else {"step": step}),
+    }
+    if agent is None or inputs is None:
+        length = settings.max_completion_length
+        rollout = sample(model, tokenized.ids, groups, num_generations=k, max_new_tokens=length, **common)
+        return SampledBatch(rollout, tokenized.num_truncated)
+    own = inputs.prompts is not None  # with environments: each episode's own prompt
+    rollout, episodes = run_episodes(
+        sample,
+        model,
+        [] if own else tokenized.ids,
+        groups,
+        num_generations=k,
+        tokenizer=tokenizer,
+        toolboxes=inputs.toolboxes,
+        limits=agent.limits,
+        chat_template_kwargs=dict(settings.chat_template_kwargs),
+        episode_prompt_ids=tokenized.ids if own else None,
+        **common,
+    )
+    extra = {} if inputs.environments is None else {"environments": inputs.environments}  # TRL passes them
+    return SampledBatch(rollout, tokenized.num_truncated, episodes, inputs.prompts, extra)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -23,6 +23,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
+# A chat template with tools (the Hermes format Qwen2.5/Qwen3 use): the tool names in a system line, an
+# assistant turn's calls as <tool_call>{json}</tool_call>, each turn closed by EOS, tool results as <tool>
+# lines. Each message is appended to the rendering of those before it, so tool results can be inserted
+# as tokens after a sampled turn. Needs "_" among the tokenizer's characters (TOOL_CHARS).
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<system>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}.\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}<assistant>{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{% endfor %}</s>\n"
+    "{% elif m['role'] == 'tool' %}<tool>{{ m['content'] }}\n"
+    "{% else %}<{{ m['role'] }}>{{ m['content'] }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+TOOL_CHARS = DEFAULT_CHARS + "_"
+
 
 def build_char_tokenizer(
     chars: str = DEFAULT_CHARS, with_pad: bool = True, vocab_size: int | None = None

@@ -1,4 +1,4 @@
-"""The ``rloo`` command line: ``train``, ``eval``, ``report``, ``demo`` and ``bandit``.
+"""The ``rloo`` command line: ``train``, ``eval``, ``report``, ``demo``, ``demo-tools`` and ``bandit``.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``rloo --help`` is fast.
 """
@@ -251,6 +251,18 @@ def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> N
     console.print(f"report written to {path}")
 
 
+def _demo_folder(output_dir: str | None, default: str) -> str:
+    """A demo's run folder: ``default`` (or ``default-N`` if taken: a demo never overwrites a run), or the
+    given one if it is new or empty (else exit 2, nothing changed)."""
+    from rloo.training.checkpointing.run_folder import fresh_run_folder
+
+    if output_dir is None:
+        return str(fresh_run_folder(Path(default)))
+    if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
+        raise _fail(f"{output_dir} already exists and is not empty; choose a new --output-dir (nothing was changed)")
+    return output_dir
+
+
 @app.command()
 def demo(
     steps: int = typer.Option(500, help="RLOO steps (the control takes as many supervised steps)."),
@@ -268,12 +280,8 @@ def demo(
     import time
 
     from rloo.cli.demo import DemoOptions, demo_table, run_demo
-    from rloo.training.checkpointing.run_folder import fresh_run_folder
 
-    if output_dir is None:
-        output_dir = str(fresh_run_folder(Path("runs/demo")))  # a demo never overwrites a run
-    elif Path(output_dir).exists() and any(Path(output_dir).iterdir()):
-        raise _fail(f"{output_dir} already exists and is not empty; choose a new --output-dir (nothing was changed)")
+    output_dir = _demo_folder(output_dir, "runs/demo")
     with _one_line_errors():
         options = DemoOptions(
             steps=steps,
@@ -299,6 +307,58 @@ def demo(
     gain = result.rows["+ RLOO"].greedy - result.rows["warm start"].greedy
     console.print(
         f"RLOO: {gain * 100:+.1f} points of greedy accuracy over the warm start, in {total:.0f} s in all. "
+        f"Run folder: {result.output_dir} (report.html, metrics.jsonl, completions.jsonl, demo_results.json)"
+    )
+
+
+@app.command("demo-tools")
+def demo_tools(
+    steps: int = typer.Option(40, help="RLOO steps (the control takes as many supervised steps)."),
+    num_generations: int = typer.Option(4, help="Episodes per prompt (K)."),
+    prompts_per_step: int = typer.Option(32, help="Prompts per RLOO step."),
+    learning_rate: float = typer.Option(1e-3, help="RLOO learning rate."),
+    tool_share: float = typer.Option(0.3, help="Share of the teacher's episodes that call the tool."),
+    warm_start_steps: int = typer.Option(
+        1500, help="Most supervised warm-start steps (it stops at the teacher's level)."
+    ),
+    hidden_size: int = typer.Option(128, help="Model width."),
+    num_layers: int = typer.Option(2, help="Model depth."),
+    seed: int = typer.Option(0, help="Random seed."),
+    output_dir: str = typer.Option(
+        None, help="Run folder \\[default: runs/demo-tools, or runs/demo-tools-N if taken]."
+    ),
+) -> None:
+    """Offline agentic demo: RLOO teaches a tiny model when to call a multiply tool (a few minutes on 2 CPU cores)."""
+    import time
+
+    from rloo.cli.tool_demo import ToolDemoOptions, run_tool_demo, tool_demo_table
+
+    output_dir = _demo_folder(output_dir, "runs/demo-tools")
+    with _one_line_errors():
+        options = ToolDemoOptions(
+            steps=steps,
+            num_generations=num_generations,
+            prompts_per_step=prompts_per_step,
+            learning_rate=learning_rate,
+            tool_share=tool_share,
+            warm_start_steps=warm_start_steps,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            seed=seed,
+            output_dir=output_dir,
+        )
+    start = time.perf_counter()
+    result = run_tool_demo(options, log=lambda text: errors.print(f"[bold]{text}[/bold]", highlight=False))
+    total = time.perf_counter() - start
+    console.print(tool_demo_table(result))
+    summary = {
+        "accuracy": {name: acc.__dict__ for name, acc in result.rows.items()},
+        "seconds": {**result.seconds, "total": total},
+    }
+    (result.output_dir / "demo_results.json").write_text(json.dumps(summary, indent=1))
+    gain = result.rows["+ RLOO"].greedy - result.rows["warm start"].greedy
+    console.print(
+        f"RLOO: {gain * 100:+.1f} points of right answers over the warm start, in {total:.0f} s in all. "
         f"Run folder: {result.output_dir} (report.html, metrics.jsonl, completions.jsonl, demo_results.json)"
     )
 

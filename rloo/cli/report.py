@@ -219,15 +219,28 @@ def _key_value_table(items: list[tuple[str, str]], css_class: str) -> str:
 
 
 def _cell_text(value: Any) -> str:
-    """A prompt or completion as escaped text: chat messages as ``role: content`` lines, long text cut."""
+    """A prompt or completion as escaped text: chat messages as ``role: content`` lines (an assistant's tool
+    calls as ``-> name(arguments)``; a tool's answer greyed: context the model did not write), long text cut."""
     if isinstance(value, list):
-        value = "\n".join(
-            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value
-        )
-    text = "" if value is None else str(value)
-    if len(text) > MAX_TEXT_CHARS:
-        text = text[: MAX_TEXT_CHARS - 1] + "…"
-    return html.escape(text)
+        return "\n".join(_message_html(m) for m in value)
+    return html.escape(_cut("" if value is None else str(value)))
+
+
+def _message_html(message: Any) -> str:
+    """One chat message of a prompt or a multi-turn episode, escaped."""
+    if not isinstance(message, dict):
+        return html.escape(_cut(str(message)))
+    text = f"{message.get('role', '?')}: {message.get('content', '')}".rstrip(" ")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = ", ".join(f"{k}={v!r}" for k, v in (function.get("arguments") or {}).items())
+        text += f" -> {function.get('name', '?')}({arguments})"
+    escaped = html.escape(_cut(text))
+    return f'<span class="tool">{escaped}</span>' if message.get("role") == "tool" else escaped
+
+
+def _cut(text: str) -> str:
+    return text[: MAX_TEXT_CHARS - 1] + "…" if len(text) > MAX_TEXT_CHARS else text
 
 
 def _fmt(value: Any) -> str:
@@ -264,6 +277,7 @@ table.config td { font-family: ui-monospace, Menlo, monospace; font-size: 12px; 
 table.samples td { font-family: ui-monospace, Menlo, monospace; font-size: 12px; white-space: pre-wrap;
                    max-width: 520px; word-break: break-word; }
 table.samples th { background: #f0f2f6; }
+table.samples span.tool { color: #9aa0a6; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 12px; }
 figure { margin: 0; background: #fff; border: 1px solid #d8dde6; border-radius: 6px; padding: 4px; }
 figure img { width: 100%; height: auto; display: block; }

@@ -57,18 +57,21 @@ def supervised_train(
     seed: int = 0,
     stop_when: Callable[[nn.Module], bool] | None = None,
     check_every: int = 50,
+    encoded: Sequence[tuple[list[int], list[int]]] | None = None,
 ) -> int:
     """Cross-entropy on the demonstrations' targets for ``steps`` steps; returns the steps taken.
 
     ``stop_when(model)``, asked every ``check_every`` steps, stops training early when true
-    (the early-stopped warm start).
+    (the early-stopped warm start). ``encoded``: the demonstrations already as ``(input_ids, labels)``
+    (labels -100 where not trained, e.g. a tool's answers), instead of ``demonstrations``.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     # a short warm-up and gradient clipping get the tiny model past its early plateau fast
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
     rng = random.Random(seed)
     device = next(model.parameters()).device
-    encoded = encode_demonstrations(demonstrations, tokenizer)  # once: tokenizing every batch was most of its time
+    if encoded is None:  # once: tokenizing every batch was most of its time
+        encoded = encode_demonstrations(demonstrations, tokenizer)
     step = 0
     while step < steps:
         model.train()

@@ -148,13 +148,10 @@ def check_trainer_arguments(
             "RLOOTrainer(quantization_config=...) is not supported: rloo does not train quantized (QLoRA) models "
             "yet; load the model in bf16 (model_init_kwargs={'dtype': 'bfloat16'}) and train LoRA adapters"
         )
-    given = [name for name, value in (("rollout_func", rollout_func),) if value is not None]
-    given += ["environment_factory"] if environment_factory is not None else []
-    if given:
+    if rollout_func is not None and (tools or environment_factory is not None):
         raise ValueError(
-            f"RLOOTrainer({', '.join(f'{name}=...' for name in given)}) is not supported yet: rloo runs multi-turn "
-            "episodes with tools=[...] (functions the model calls); custom rollout functions and environments "
-            "are not built yet"
+            "RLOOTrainer got rollout_func and tools/environment_factory: a rollout_func samples the whole episode "
+            "itself (call your tools there and mark their tokens with env_mask); give one or the other"
         )
     if tools is not None and (isinstance(tools, str | bytes) or not all(callable(t) for t in tools)):
         raise ValueError(f"RLOOTrainer(tools={tools!r}) is invalid: give a list of functions the model may call")

@@ -12,25 +12,48 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rloo.config.legacy import reward_funcs_or_reward_model
+from rloo.data.prompts import TokenizedPrompts, encode_prompts
+from rloo.rewards.calling import CallPolicy, RewardFunctions
+from rloo.rewards.resolve import resolve_rewards
 from rloo.tools.calling import Toolbox
+from rloo.tools.environments import Environments, environment_tools, with_observation
 from rloo.tools.episodes import Episode, EpisodeLimits
 
 
 @dataclass(frozen=True)
+class EpisodeInputs:
+    """A batch's episodes before sampling: each episode's prompt (None: the K episodes of a prompt share it,
+    rendered with ``AgentSettings.tools``), toolbox and environment (None without environments)."""
+
+    prompts: list[Any] | None
+    toolboxes: list[Toolbox]
+    environments: list[Any] | None
+
+
+@dataclass(frozen=True)
 class AgentSettings:
-    """What the model may call and the episode's limits (:class:`~rloo.tools.episodes.EpisodeLimits`)."""
+    """What the model may call (``tools``, and each ``environments`` instance's methods) and the episode's
+    limits (:class:`~rloo.tools.episodes.EpisodeLimits`)."""
 
     tools: tuple[Callable[..., Any], ...]
     limits: EpisodeLimits
+    environments: Environments | None = None
 
     @classmethod
     def from_config(
-        cls, args: Any, tools: Sequence[Callable[..., Any]] | None, lockstep: bool = False
+        cls,
+        args: Any,
+        tools: Sequence[Callable[..., Any]] | None,
+        environment_factory: Any = None,
+        lockstep: bool = False,
     ) -> AgentSettings | None:
-        """The settings of ``tools`` under ``args`` (an ``RLOOConfig``); None without tools (single-turn).
-        ``lockstep``: the processes decode in lockstep (FSDP2), which episodes of different lengths do not yet."""
-        if not tools:
+        """The settings of ``tools`` and ``environment_factory`` under ``args`` (an ``RLOOConfig``); None with
+        neither (single-turn). ``lockstep``: the processes decode in lockstep (FSDP2), which episodes of
+        different lengths do not yet."""
+        if not tools and environment_factory is None:
             return None
+        tools = list(tools or [])
         if lockstep:
             raise ValueError(
                 "tools with FSDP2-sharded training are not built yet (the processes' episodes would need "
@@ -38,17 +61,77 @@ class AgentSettings:
                 "--use_fsdp) or with LoRA on one process"
             )
         Toolbox(tools)  # the names are checked now, not at the first batch
+        environments = None if environment_factory is None else Environments(environment_factory)
+        if environments is not None:
+            for pool in environments.pool.values():
+                Toolbox(tools + environment_tools(pool[0]))
         limits = EpisodeLimits(args.max_tool_calling_iterations, args.max_completion_length, args.tool_timeout)
-        return cls(tuple(tools), limits)
+        return cls(tuple(tools), limits, environments)
 
-    def template_kwargs(self, base: dict[str, Any]) -> dict[str, Any]:
-        """The chat template's keywords with the tools (their JSON schemas, rendered in the prompt)."""
-        return {**base, "tools": list(self.tools)}
+    def template_kwargs(
+        self, base: dict[str, Any], tools: Sequence[Callable[..., Any]] | None = None
+    ) -> dict[str, Any]:
+        """The chat template's keywords with the tools (their JSON schemas, rendered in the prompt); none when
+        there are none (some templates render tool boilerplate for an empty list)."""
+        tools = list(self.tools if tools is None else tools)
+        return {**base, "tools": tools} if tools else dict(base)
 
-    def toolboxes(self, n: int) -> list[Toolbox]:
-        """One toolbox per episode."""
-        box = Toolbox(self.tools)
-        return [box] * n
+    def encode_episodes(
+        self, inputs: EpisodeInputs, tokenizer: Any, max_prompt_length: int | None, base: dict[str, Any]
+    ) -> TokenizedPrompts:
+        """Each episode's own prompt (``inputs.prompts``), rendered with its own tools and tokenized."""
+        assert inputs.prompts is not None
+        ids, truncated = [], 0
+        for prompt, box in zip(inputs.prompts, inputs.toolboxes, strict=True):
+            one = encode_prompts([prompt], tokenizer, max_prompt_length, self.template_kwargs(base, box.functions))
+            ids.extend(one.ids)
+            truncated += one.num_truncated
+        return TokenizedPrompts(ids, truncated)
+
+    def episode_inputs(self, prompts: Sequence[Any], columns: dict[str, list[Any]], k: int) -> EpisodeInputs:
+        """The batch's episodes (``k`` per prompt): with environments, an instance each, reset with its row, its
+        observation appended to its prompt, its methods among its tools."""
+        if self.environments is None:
+            return EpisodeInputs(None, [Toolbox(self.tools)] * (len(prompts) * k), None)
+        rows = [
+            {"prompt": prompt, **{name: values[i] for name, values in columns.items()}}
+            for i, prompt in enumerate(prompts)
+        ]
+        instances = self.environments.draw(rows, k)
+        observations = self.environments.reset(instances, rows, k)
+        episode_prompts = [with_observation(prompts[i // k], seen) for i, seen in enumerate(observations)]
+        toolboxes = [Toolbox([*self.tools, *environment_tools(instance)]) for instance in instances]
+        return EpisodeInputs(episode_prompts, toolboxes, instances)
+
+
+def run_rewards(
+    args: Any,
+    agent: AgentSettings | None,
+    reward_funcs: Any,
+    reward_model: Any,
+    reward_processing_classes: Any,
+    columns: Sequence[str] | None,
+) -> RewardFunctions:
+    """The run's :class:`RewardFunctions`: TRL's ``reward_funcs`` (or the older ``reward_model``) and, with
+    environments, each environment class's ``get_reward`` (weight 1, as TRL), which then makes ``reward_funcs``
+    optional; every function's arguments checked against the dataset ``columns`` (and ``environments``); None:
+    not checked (a ``rollout_func`` adds columns of its own)."""
+    extra = [] if agent is None or agent.environments is None else agent.environments.rewards()
+    funcs = []
+    if reward_funcs is not None or reward_model is not None or not extra:
+        funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
+    weights = None if args.reward_weights is None else list(args.reward_weights)
+    if extra and weights is not None:
+        if len(weights) != len(funcs):
+            raise ValueError(
+                f"RLOOConfig.reward_weights has {len(weights)} entries but there are {len(funcs)} reward functions "
+                "(the environments' get_reward weigh 1 and need none); give one weight per function"
+            )
+        weights += [1.0] * len(extra)
+    rewards = RewardFunctions([*funcs, *extra], weights, CallPolicy(args.reward_timeout, args.reward_error_policy))
+    if columns is not None:
+        rewards.check_arguments([*columns, *(["environments"] if agent is not None and agent.environments else [])])
+    return rewards
 
 
 def episode_counts(episodes: Sequence[Episode], model_tokens: float, episode_tokens: float) -> list[float]:

@@ -42,7 +42,7 @@ class Toolbox:
             name = getattr(tool, "__name__", None)
             if not callable(tool) or not isinstance(name, str):
                 raise ValueError(f"tools: {tool!r} is not a function; give functions (or an environment's methods)")
-            if name in self.tools and self.tools[name] is not tool:
+            if name in self.tools and self.tools[name] != tool:  # a bound method is a new object each access
                 raise ValueError(f"tools: two tools are named {name!r}; the model calls them by name, so rename one")
             self.tools[name] = tool
 
@@ -60,18 +60,18 @@ def run_tool_calls(
     answers: list[list[ToolAnswer | None]] = [[None] * len(calls) for _, calls in jobs]
     for j, (toolbox, calls) in enumerate(jobs):
         for c, request in enumerate(calls):
-            function = request.get("function", {}) if request.get("type", "function") == "function" else None
-            if function is None:
-                answers[j][c] = _error(
-                    str(request.get("name", "unknown")), f"Unsupported tool call type: {request.get('type')}"
-                )
+            function = request.get("function") or {}
+            name = str(function.get("name") or request.get("name") or "unknown")
+            if request.get("type", "function") != "function":
+                answers[j][c] = _error(name, f"Unsupported tool call type: {request.get('type')}")
                 continue
-            name, arguments = function.get("name", "unknown"), function.get("arguments") or {}
-            tool = toolbox.tools.get(name)
+            arguments, tool = function.get("arguments") or {}, toolbox.tools.get(name)
             if tool is None:
                 answers[j][c] = _error(name, f"Tool {name} not found.")
-                continue
-            pending.append((j, c, _Call(name, tool, dict(arguments))))
+            elif not isinstance(arguments, dict):
+                answers[j][c] = _error(name, f"the arguments of {name} must be a JSON object, got {arguments!r}")
+            else:
+                pending.append((j, c, _Call(name, tool, dict(arguments))))
     for _, _, running in pending:
         running.start()
     deadline = None if timeout is None else time.monotonic() + timeout

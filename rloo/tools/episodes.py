@@ -21,6 +21,7 @@ episodes however the prompts are batched or spread over processes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,28 +80,47 @@ def run_episodes(
     eos_token_ids: Sequence[int],
     sampling_seed: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    episode_prompt_ids: Sequence[Sequence[int]] | None = None,
     **sampler: Any,
 ) -> tuple[Rollout, list[Episode]]:
     """K episodes per prompt (``toolboxes``: one per episode, P*K) with ``sample``'s contract
     (:func:`rloo.generation.rollout.generate_rollouts`; ``sampler``: its other keywords); returns the
-    :class:`Rollout` (with ``tool_mask``) and each episode's :class:`Episode`."""
+    :class:`Rollout` (with ``tool_mask``) and each episode's :class:`Episode`. ``episode_prompt_ids``: each
+    episode's own prompt (P*K, an environment's observation in it), sampled from the stream of group
+    ``g * K + j`` as later rounds are, instead of ``prompt_ids``."""
     k, eos = num_generations, set(eos_token_ids)
     common = {**sampler, "eos_token_ids": eos_token_ids}
-    first = sample(
-        model,
-        prompt_ids,
-        group_ids,
-        num_generations=k,
-        max_new_tokens=limits.max_tokens,
-        sampling_seed=sampling_seed,
-        **common,
-    )
+    if episode_prompt_ids is None:
+        first = sample(
+            model,
+            prompt_ids,
+            group_ids,
+            num_generations=k,
+            max_new_tokens=limits.max_tokens,
+            sampling_seed=sampling_seed,
+            **common,
+        )
+        prompt_of = [list(prompt_ids[i // k]) for i in range(len(prompt_ids) * k)]
+    else:
+        streams = [g * k + j for g in group_ids for j in range(k)]
+        first = sample(
+            model,
+            episode_prompt_ids,
+            streams,
+            num_generations=1,
+            max_new_tokens=limits.max_tokens,
+            sampling_seed=sampling_seed,
+            **common,
+        )
+        first = dataclasses.replace(
+            first, group_ids=torch.tensor(list(group_ids), device=first.group_ids.device).repeat_interleave(k)
+        )
+        prompt_of = [list(ids) for ids in episode_prompt_ids]
     n = first.completion_ids.shape[0]
     rows, episodes = [], [Episode() for _ in range(n)]
     for i, ids in enumerate(first.completion_id_lists()):
         logprobs = first.sampling_logprobs[i, : len(ids)].tolist()
         rows.append(_Row(list(ids), logprobs, [1] * len(ids), bool(first.truncated[i])))
-    prompt_of = [list(prompt_ids[i // k]) for i in range(n)]
     tools_of = [box.functions or None for box in toolboxes]
     calls = {i: _record_turn(tokenizer, episodes[i], rows[i].tokens, prompt_of[i], tools_of[i]) for i in range(n)}
     pending = [i for i in range(n) if calls[i] and _ended(rows[i], eos)]

@@ -67,7 +67,7 @@ def _as_call(block: str) -> dict[str, Any] | None:
     """``{"type": "function", "function": {"name", "arguments"}}`` from one block's JSON, or None."""
     try:
         value = json.loads(block)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
@@ -75,7 +75,7 @@ def _as_call(block: str) -> dict[str, Any] | None:
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
     if arguments is None:
         arguments = {}
@@ -102,7 +102,10 @@ def _parse_with_template(tokenizer: Any, ids: list[int], prefix: list[int], tool
         else:
             calls.append(call)
     content = parsed.get("content")
-    message: dict[str, Any] = {"role": "assistant", "content": content if isinstance(content, str) else ""}
+    content = content.removesuffix(tokenizer.eos_token or "") if isinstance(content, str) else ""
+    if not calls and malformed:  # as parse_hermes: a turn whose calls all failed is its text
+        content = text
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
     return ParsedTurn(message, malformed, calls)

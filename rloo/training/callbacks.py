@@ -122,3 +122,19 @@ class Callbacks(CallbackHandler):
         wanted: bool = self.trainer.ranks.any(bool(getattr(self.control, flag)))
         setattr(self.control, flag, False)
         return wanted
+
+
+class CallbackMethods:
+    """transformers' ``Trainer`` callback methods, over the trainer's ``callback_handler``."""
+
+    callback_handler: Any  # Callbacks (transformers' CallbackHandler methods are untyped)
+
+    def add_callback(self, callback: Any) -> None:
+        """A ``TrainerCallback`` (class or instance) or a plain callback, as transformers' Trainer takes it."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_handler.remove_callback(callback)

@@ -262,8 +262,8 @@ def headline_eval_reward(logs: dict[str, float]) -> float:
 
 
 def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> list[dict[str, Any]]:
-    """One JSON-ready row per completion: step, prompt, completion, reward (None when
-    unscorable), advantage."""
+    """One JSON-ready row per completion: step, prompt, completion (a multi-turn episode's messages, tool
+    answers included), reward (None when unscorable), advantage."""
     rewards, scorable = scored.rewards.rewards, scored.rewards.scorable
     k, n = len(scored.completion_texts) // len(scored.prompts), len(scored.completion_texts)
     extra = scored.rewards.log.extra  # reward functions' log_extra columns
@@ -276,7 +276,7 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
         {
             "step": step,
             "prompt": scored.prompts[i // k],
-            "completion": text,
+            "completion": text if scored.episodes is None else scored.episodes[i].messages,
             "reward": float(rewards[i]) if bool(scorable[i]) else None,
             "advantage": float(advantages[i]),
             "policy_version": scored.policy_version,  # the optimizer steps of the policy that sampled it

@@ -35,17 +35,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixi
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
-from rloo.config.legacy import check_trainer_arguments, reward_funcs_or_reward_model
+from rloo.config.legacy import check_trainer_arguments
 from rloo.data.loading import column_names, eval_rows, load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
-from rloo.rewards.calling import CallPolicy, RewardFunctions
-from rloo.rewards.resolve import processing_classes, resolve_rewards
-from rloo.tools.agent import AgentSettings
+from rloo.rewards.resolve import processing_classes
+from rloo.tools.agent import AgentSettings, run_rewards
+from rloo.tools.environments import environment_rows
+from rloo.tools.rollout_func import bind_rollout_func
 from rloo.training import metric_names as names
 from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
-from rloo.training.callbacks import Callbacks
+from rloo.training.callbacks import CallbackMethods, Callbacks
 from rloo.training.checkpointing import checkpoints
 from rloo.training.checkpointing.best_model import BestModel
 from rloo.training.checkpointing.checkpoints import rng_state
@@ -86,7 +87,7 @@ from rloo.training.timing import PhaseTimer
 from rloo.training.update import Updater
 
 
-class RLOOTrainer:
+class RLOOTrainer(CallbackMethods):
     """Online RLOO fine-tuning of a causal LM. The interface follows TRL's ``RLOOTrainer``."""
 
     def __init__(
@@ -123,6 +124,7 @@ class RLOOTrainer:
         # no output_dir: a fresh runs/rloo-N, chosen by the main process for all (config.yaml records it)
         args, self.output_dir = with_run_folder(args, self.ranks.on_main)
         self.args = args  # read-only, as the config it replaces
+        train_dataset = environment_rows(train_dataset, environment_factory, args)  # None: reset() gives prompts
         self.train_dataset, self.eval_dataset = load_train_and_eval(
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
@@ -138,12 +140,12 @@ class RLOOTrainer:
         )
         datasets = (self.train_dataset, self.eval_dataset)  # a processor when they hold images
         self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
-        calls = CallPolicy(args.reward_timeout, args.reward_error_policy)
-        funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
-        self.rewards = RewardFunctions(funcs, args.reward_weights, calls)
-        self.rewards.check_arguments(column_names(self.train_dataset))
+        # tools / environments: multi-turn episodes; an environment's get_reward is a reward function
+        agent = AgentSettings.from_config(args, tools, environment_factory, lockstep=self.ranks.lockstep)
+        columns = None if rollout_func else column_names(self.train_dataset)  # rollout_func: columns of its own
+        self.rewards = run_rewards(args, agent, reward_funcs, reward_model, reward_processing_classes, columns)
         self.reward_funcs = self.rewards.funcs  # TRL's attributes
-        self.reward_processing_classes = processing_classes(funcs)
+        self.reward_processing_classes = processing_classes(self.rewards.funcs)
 
         self.sampler = row_source(self.train_dataset, args.seed, args.shuffle_dataset)
         num_prompts = getattr(self.train_dataset, "num_rows", None)  # None: streaming
@@ -152,8 +154,9 @@ class RLOOTrainer:
         self.model, self.optimizer, self.scheduler = prepared
         self.rewards.to(self.accelerator.device)
         self.reference_sync = ReferenceSync(policy=self.unwrapped_model, reference=self.ref_model, args=args)
-        agent = AgentSettings.from_config(args, tools, lockstep=self.ranks.lockstep)  # tools: multi-turn episodes
-        self.rollout_settings = RolloutSettings.from_config(args, agent=agent)
+        self.rollout_settings = RolloutSettings.from_config(
+            args, agent=agent, custom=bind_rollout_func(rollout_func, self)
+        )
         self.rollouts: RolloutSource = SynchronousRollouts(
             prompts=self.sampler,
             generate=lambda rows, groups: self._scored_rollout(rows, groups, sampling_seed=args.seed),
@@ -192,16 +195,6 @@ class RLOOTrainer:
         self.best = BestModel(args=args, output_dir=self.output_dir)
         self.callback_handler = Callbacks(list(callbacks or []), self)
         self.callback_handler.fire("on_init_end")
-
-    def add_callback(self, callback: Any) -> None:
-        """A ``TrainerCallback`` (class or instance) or a plain callback, as transformers' Trainer takes it."""
-        self.callback_handler.add_callback(callback)
-
-    def pop_callback(self, callback: Any) -> Any:
-        return self.callback_handler.pop_callback(callback)
-
-    def remove_callback(self, callback: Any) -> None:
-        self.callback_handler.remove_callback(callback)
 
     @property
     def unwrapped_model(self) -> Any:

@@ -230,3 +230,17 @@ def test_the_end_of_run_summary_is_no_missing_loss() -> None:
     rows = [row for row in healthy_metrics() if "eval_reward" not in row]
     summary = {"step": rows[-1]["step"], "train_loss": 0.01, "train_runtime": 12.0, "train_steps_per_second": 1.6}
     assert diagnose([*rows, summary]) == []
+
+
+def test_an_episode_shows_its_tool_calls_and_greys_the_tool_answers(tmp_path: Path) -> None:
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
+    episode = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "multiply", "content": "12 <b>"},
+        {"role": "assistant", "content": "12"},
+    ]
+    rows = [{"step": 1, "prompt": [{"role": "user", "content": "3*4?"}], "completion": episode, "reward": 1.0}]
+    page = build_report(make_run(tmp_path / "run", completion_rows=rows)).read_text()
+    assert "assistant: -&gt; multiply(a=3, b=4)" in page
+    assert '<span class="tool">tool: 12 &lt;b&gt;</span>' in page  # escaped, greyed
+    assert "assistant: 12" in page

@@ -445,3 +445,41 @@ def test_sleep_mode_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch, tm
     args = RLOOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_enable_sleep_mode=True)
     with pytest.raises(ValueError, match=r"vllm_enable_sleep_mode=True frees vLLM's GPU memory .* on a CPU remove it"):
         LocalEngine(args)
+
+
+def test_tool_episodes_sample_each_turn_on_the_server(tmp_path: Path) -> None:
+    """Multi-turn episodes through vLLM: each turn is a request continuing the episode's tokens; the engines'
+    log-probs of the model's turns agree (the tool answers are masked out of the gap)."""
+    from tests.helpers.tools import multiply, question, taught_model, tool_tokenizer
+
+    folder = tmp_path / "taught"
+    taught_model().save_pretrained(folder)
+    tool_tokenizer().save_pretrained(folder)
+    rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 2]
+    with vllm_server(folder) as url:
+        args = RLOOConfig(
+            output_dir=str(tmp_path / "run"),
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=url,
+            num_generations=2,
+            per_device_train_batch_size=4,
+            max_completion_length=120,
+            max_tool_calling_iterations=2,
+            max_steps=2,
+            logging_steps=1,
+            report_to=[],
+            seed=0,
+        )
+        trainer = RLOOTrainer(
+            str(folder),
+            lambda completions, **_: [float(c[-1]["content"] in ("12", "10")) for c in completions],
+            args=args,
+            train_dataset=rows,
+            processing_class=tool_tokenizer(),
+            tools=[multiply],
+        )
+        trainer.train()
+    logged = [row for row in trainer.state.log_history if "tools/call_frequency" in row]
+    assert len(logged) == 2 and logged[0]["tools/call_frequency"] > 0.5
+    assert logged[0][names.ENGINE_GAP_MAX] < 1e-3 and logged[0][names.IS_MASKED_FRAC] == 0.0
