@@ -248,3 +248,42 @@ def test_two_processes_run_the_same_episodes_and_update_as_one(tmp_path: Path) -
     assert any("eval_reward" in row for row in logged)
     assert_same_metrics(logged, metrics(two / "metrics.json"))
     assert max_param_diff(one / "weights.safetensors", two / "weights.safetensors") < 1e-5
+
+
+def test_a_resumed_run_with_tools_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+    """Episodes are seeded by their group, round and index: a run resumed at step 2 samples the episodes the
+    uninterrupted run sampled and ends at the same weights (no episode is half-trained across a checkpoint)."""
+
+    def run(out: Path, max_steps: int, resume: bool = False) -> RLOOTrainer:
+        args = RLOOConfig(
+            output_dir=str(out),
+            num_generations=2,
+            per_device_train_batch_size=4,
+            max_completion_length=120,
+            max_tool_calling_iterations=2,
+            temperature=1.1,
+            learning_rate=3e-3,
+            lr_scheduler_type="constant",
+            max_steps=max_steps,
+            save_steps=2,
+            report_to=[],
+            seed=0,
+        )
+        rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 4]
+
+        def reward(completions: list[Any], a: list[int], b: list[int], **_: Any) -> list[float]:
+            return [float(c[-1]["content"] == str(x * y)) for c, x, y in zip(completions, a, b, strict=True)]
+
+        trainer = RLOOTrainer(
+            taught_model(), reward, args=args, train_dataset=rows, processing_class=TOK, tools=[multiply]
+        )
+        trainer.train(resume_from_checkpoint=resume or None)
+        return trainer
+
+    straight = run(tmp_path / "straight", 4)
+    run(tmp_path / "resumed", 2)
+    resumed = run(tmp_path / "resumed", 4, resume=True)
+    for (name, a), (_, b) in zip(
+        straight.unwrapped_model.named_parameters(), resumed.unwrapped_model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
