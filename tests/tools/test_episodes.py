@@ -287,3 +287,55 @@ def test_a_resumed_run_with_tools_equals_an_uninterrupted_one(tmp_path: Path) ->
         straight.unwrapped_model.named_parameters(), resumed.unwrapped_model.named_parameters(), strict=True
     ):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "falcon_h1", "olmo_hybrid", "mamba2"])
+def test_a_turn_after_a_tool_answer_is_sampled_as_a_forward_over_the_episode(family: str) -> None:
+    """Full-attention, sliding-window, hybrid (mamba, linear attention) and state-space caches: the first
+    turn is a forced tool call (its log-probs the model's own, from a forward), the tool answers, and the
+    second turn is rloo's sampler continuing the episode's tokens; its log-probs equal a forward over the
+    whole episode."""
+    from tests.generation.test_model_families import LOGPROB_ATOL, build
+
+    model = build(family, TOK)
+    turn = [*encode(call_text(3, 4)), EOS]
+    rounds: list[int] = []
+
+    def forced_then_sampled(model: Any, prompts: Any, groups: Any, **kwargs: Any) -> Rollout:
+        rounds.append(len(prompts))
+        if len(rounds) > 1:
+            return generate_rollouts(model, prompts, groups, **kwargs)
+        k = kwargs["num_generations"]
+        p_ids, p_mask = left_pad(prompts, TOK.pad_token_id, torch.device("cpu"))
+        ids = torch.tensor([turn] * (len(prompts) * k))
+        mask = torch.ones(ids.shape)
+        p_ids, p_mask = p_ids.repeat_interleave(k, 0), p_mask.repeat_interleave(k, 0)
+        with torch.no_grad():
+            own = completion_logprobs(model, p_ids, p_mask, ids, mask, kwargs["params"].temperature).logprobs
+        groups_t = torch.tensor(list(groups)).repeat_interleave(k)
+        return Rollout(p_ids, p_mask, ids, mask, torch.zeros(len(ids), dtype=torch.bool), own, groups_t)
+
+    rollout, records = run_episodes(
+        forced_then_sampled,
+        model,
+        [prompt_ids(3, 4), prompt_ids(2, 5)],
+        [0, 1],
+        num_generations=2,
+        tokenizer=TOK,
+        toolboxes=[Toolbox([multiply])] * 4,
+        limits=EpisodeLimits(1, len(turn) + 30, 5.0),
+        eos_token_ids=[EOS],
+        sampling_seed=0,
+        params=SamplingParams(temperature=1.0),
+        pad_token_id=TOK.pad_token_id,
+    )
+    assert rounds == [2, 4] and all(r.tool_calls == 1 and r.turns == 2 for r in records)
+    with torch.no_grad():
+        forward = completion_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask, 1.0
+        ).logprobs
+    second = rollout.model_mask.clone()
+    second[:, : len(turn)] = 0  # the sampled turn, after the tool's answer
+    assert second.sum() > 0
+    atol = LOGPROB_ATOL.get(family, 1e-5)
+    torch.testing.assert_close(rollout.sampling_logprobs[second.bool()], forward[second.bool()], atol=atol, rtol=0)
