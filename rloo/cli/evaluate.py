@@ -25,6 +25,7 @@ from rloo.data.loading import DatasetSource, holds_one_split
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, generate_and_score
 from rloo.rewards.calling import RewardFunctions
+from rloo.tools.agent import AgentSettings, resolve_tools
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class EvalSettings:
     batch_size: int = 64
     seed: int = 0
     max_prompt_length: int | None = None
+    agent: Any = None  # the run file's tools: multi-turn episodes (rloo.tools.agent.AgentSettings), or None
 
     def __post_init__(self) -> None:
         checks = [
@@ -134,6 +136,10 @@ def eval_inputs(
         seed=seed,
         max_prompt_length=config.max_prompt_length if config else None,
     )
+    agent = None if run is None else AgentSettings.from_config(run.config, resolve_tools(run.tools))
+    if agent is not None:  # episodes within this evaluation's completion length
+        limits = dataclasses.replace(agent.limits, max_tokens=settings.max_completion_length)
+        settings = dataclasses.replace(settings, agent=dataclasses.replace(agent, limits=limits))
     scorers = RewardFunctions(resolve_rewards(specs), weights)
     return EvalInputs(source.load("--column"), source, scorers, settings, on_training_data)
 
@@ -166,8 +172,10 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     generator = torch.Generator(device=policy.device).manual_seed(settings.seed)
     k, length, prompt_length = settings.num_generations, settings.max_completion_length, settings.max_prompt_length
     decodings = {
-        "greedy": RolloutSettings(1, length, SamplingParams(top_k=1), prompt_length),
-        "sampled": RolloutSettings(k, length, SamplingParams(settings.temperature), prompt_length),
+        "greedy": RolloutSettings(1, length, SamplingParams(top_k=1), prompt_length, agent=settings.agent),
+        "sampled": RolloutSettings(
+            k, length, SamplingParams(settings.temperature), prompt_length, agent=settings.agent
+        ),
     }
     combined: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}
     scores: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}

@@ -7,7 +7,9 @@ A run file holds every :class:`rloo.config.RLOOConfig` field at the top level, p
 - ``eval_dataset``: the same shape (optional);
 - ``reward_funcs``: a list of built-in names, ``module:function`` strings, reward-model
   folders, or ``{name: ..., weight: ..., <params>}``;
-- ``peft``: ``peft.LoraConfig`` fields (optional).
+- ``peft``: ``peft.LoraConfig`` fields (optional);
+- ``tools``: functions the model may call, multi-turn (optional): ``python`` (the sandboxed Python tool)
+  or ``package.module:function`` strings.
 
 Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 """
@@ -28,8 +30,9 @@ from rloo.config.grpo_names import GRPO_NAMES
 from rloo.config.legacy import REFUSED, RENAMED
 from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
+from rloo.tools.agent import resolve_tools
 
-RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft")
+RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft", "tools")
 # the TRL flags that give a required key (rloo.cli.trl_args)
 _TRL_FLAG = {
     "model": "--model_name_or_path",
@@ -153,6 +156,7 @@ class RunFile:
     reward_funcs: list[Any]
     peft: dict[str, Any] | None
     config: RLOOConfig
+    tools: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved run file, written to ``output_dir/config.yaml``."""
@@ -165,6 +169,7 @@ class RunFile:
                 {k: v for k, v in r.items() if k != "weight"} if isinstance(r, dict) else r for r in self.reward_funcs
             ],
             "peft": self.peft,
+            **({"tools": self.tools} if self.tools else {}),
             **self.config.to_dict(),
         }
 
@@ -192,6 +197,9 @@ def parse_run(values: dict[str, Any]) -> RunFile:
         raise ValueError(f"`peft` expects a mapping of peft.LoraConfig fields, got {peft!r}")
     if peft is not None:
         build_peft_config(peft)  # checked now, so a typo fails before the model and data load
+    tools = values.get("tools") or []
+    tools = tools if isinstance(tools, list) else [tools]
+    resolve_tools(tools)  # checked now, as the rewards are
     return RunFile(
         model=values["model"],
         dataset=DatasetSource.parse(values["dataset"], "dataset"),
@@ -201,6 +209,7 @@ def parse_run(values: dict[str, Any]) -> RunFile:
         reward_funcs=rewards,
         peft=peft,
         config=build_config(config_values),
+        tools=tools,
     )
 
 
@@ -267,6 +276,7 @@ def build_trainer(run_file: RunFile) -> Any:
         train_dataset=run_file.dataset.load(),
         eval_dataset=None if run_file.eval_dataset is None else run_file.eval_dataset.load("eval_dataset"),
         peft_config=None if run_file.peft is None else build_peft_config(run_file.peft),
+        tools=resolve_tools(run_file.tools),
     )
     trainer.run_config = run_file.to_dict()
     return trainer

@@ -112,7 +112,7 @@ def _resolve_name(name: Any, params: dict[str, Any], tokenizer: Any) -> RewardFu
     if isinstance(name, str) and name in BUILTIN_REWARDS:
         return _build(name, BUILTIN_REWARDS[name], params)
     if isinstance(name, str) and _IMPORT_STRING.fullmatch(name):
-        target = _import(name)
+        target = import_callable(name)
         return _build(name, target, params) if params else target
     if tokenizer is not None:
         params = {"tokenizer": tokenizer, **params}
@@ -143,7 +143,8 @@ def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> Re
     return func  # type: ignore[no-any-return]
 
 
-def _import(spec: str) -> RewardFunc:
+def import_callable(spec: str, what: str = "reward") -> Any:
+    """The callable a ``package.module:attribute`` string names (``what``: the word errors use)."""
     module_name, _, attr_path = spec.partition(":")
     # a module next to the run file is importable without PYTHONPATH=. (as in TRL's CLI)
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -151,14 +152,14 @@ def _import(spec: str) -> RewardFunc:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"reward {spec!r}: could not import module {module_name!r}: {error}") from error
+        raise ValueError(f"{what} {spec!r}: could not import module {module_name!r}: {error}") from error
     for attr in attr_path.split("."):
         if not hasattr(obj, attr):
-            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
+            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr_path!r}")
         obj = getattr(obj, attr)
     if not callable(obj):
-        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a callable")
-    return obj  # type: ignore[no-any-return]
+        raise ValueError(f"{what} {spec!r} is a {type(obj).__name__}, not a callable")
+    return obj
 
 
 def _choices() -> str:

@@ -104,6 +104,24 @@ class AgentSettings:
         return EpisodeInputs(episode_prompts, toolboxes, instances)
 
 
+def resolve_tools(specs: Sequence[Any] | None) -> list[Callable[..., Any]] | None:
+    """A run file's ``tools``: ``python`` (the sandboxed Python tool, :mod:`rloo.tools.python_tool`) or
+    ``package.module:function`` strings; None for none."""
+    if not specs:
+        return None
+    from rloo.rewards.resolve import import_callable
+    from rloo.tools.python_tool import python_tool
+
+    tools = []
+    for position, spec in enumerate(specs):
+        if not isinstance(spec, str) or (spec != "python" and ":" not in spec):
+            raise ValueError(
+                f"`tools[{position}]`={spec!r}: give 'python' (the sandboxed Python tool) or 'package.module:function'"
+            )
+        tools.append(python_tool() if spec == "python" else import_callable(spec, what="tool"))
+    return tools
+
+
 def run_rewards(
     args: Any,
     agent: AgentSettings | None,
