@@ -13,6 +13,10 @@ Parts (``--parts``):
   (beta 0.05), each loss aggregation mode, and ``num_iterations`` 2 (two optimizer passes per
   generation batch, as many generated completions). The estimators part's rloo K = 4 runs are
   their baseline (beta 0, ``seq_mean_token_sum``, 1 iteration).
+* ``staleness``: rloo at K = 4 on ``arithmetic``, 3 seeds, each batch sampled by the weights of
+  ``max_staleness`` = 1 or 2 steps before, with the importance-weight correction (token-level,
+  truncated at 3) and without, against s = 0 (its own runs: the part runs alone). Run it with
+  ``--parts staleness``: its results go to ``results-staleness.json``.
 
 Compute is equal across the runs of a task: every generation batch holds the same number of
 completions (so K = 8 sees half the prompts K = 4 sees), with the same optimizer, learning rate
@@ -44,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 OUT = HERE / "learning"
 ESTIMATORS = ("rloo", "grpo", "reinforce", "reinforce_pp")
-PARTS = ("estimators", "reversal", "ablations")
+PARTS = ("estimators", "reversal", "ablations", "staleness")
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,17 @@ def ablations() -> dict[str, dict[str, Any]]:
 
 
 BASELINE = "baseline (beta 0, seq_mean_token_sum, 1 iteration)"
+SYNCHRONOUS = "s = 0 (synchronous)"
+
+
+def staleness_runs() -> dict[str, dict[str, Any]]:
+    """The staleness part's runs (on top of rloo, K = 4), by label; the first is its baseline."""
+    runs: dict[str, dict[str, Any]] = {SYNCHRONOUS: {"max_staleness": 0}}
+    for s in (1, 2):
+        correction = {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 3.0}
+        runs[f"s = {s}, corrected"] = {"max_staleness": s, **correction}
+        runs[f"s = {s}, not corrected"] = {"max_staleness": s, "vllm_importance_sampling_correction": False}
+    return runs
 
 
 def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
@@ -93,6 +108,16 @@ def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
                 for k in ks
                 for estimator in estimators
             ]
+    if "staleness" in parts:
+        stale = staleness_runs()
+        if quick:  # the baseline and one pipelined run
+            stale = {label: stale[label] for label in (SYNCHRONOUS, "s = 1, corrected")}
+        runs += [
+            {"part": "staleness", "task": "arithmetic", "seed": seed, "label": label, "estimator": "rloo"}
+            | {"knobs": {"num_generations": 4, **knobs}}
+            for seed in seeds
+            for label, knobs in stale.items()
+        ]
     if "ablations" in parts:
         chosen = ablations()
         if quick:  # one of each kind
@@ -249,7 +274,7 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only tables and plots, from the saved results")
     parser.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (0: this process)")
     options = parser.parse_args()
-    suffix = "-quick" if options.quick else ""
+    suffix = ("-quick" if options.quick else "") + ("-staleness" if options.parts == ["staleness"] else "")
     path = OUT / f"results{suffix}.json"
     budgets = QUICK if options.quick else FULL
     if not options.render:

@@ -68,7 +68,12 @@ def same_sample_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def ablation_table(ablations: list[dict[str, Any]], baseline: list[dict[str, Any]], threshold: float) -> str:
+def ablation_table(
+    ablations: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    threshold: float,
+    baseline_label: str = "baseline (beta 0, seq_mean_token_sum, 1 iteration)",
+) -> str:
     """Each ablation against the baseline runs of the same seeds: mean of the per-seed differences."""
     rows = [
         f"| run (rloo, K = 4) | final accuracy, mean (min-max) | vs baseline, same seed (mean, min-max) "
@@ -76,7 +81,7 @@ def ablation_table(ablations: list[dict[str, Any]], baseline: list[dict[str, Any
         "|---|---|---|---|---|",
     ]
     by_seed = {r["seed"]: r["final"] for r in baseline}
-    labels = [("baseline (beta 0, seq_mean_token_sum, 1 iteration)", baseline)]
+    labels = [(baseline_label, baseline)]
     labels += [
         (label, [r for r in ablations if r["label"] == label]) for label in dict.fromkeys(r["label"] for r in ablations)
     ]
@@ -124,7 +129,17 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
             ablation_table(ablations, baseline, budgets["arithmetic"]["threshold"]),
         ]
         plot_ablations(ablations, baseline, out / f"ablations{suffix}.png")
-    grids = [r for r in runs if r["part"] != "ablations"]
+    stale = [r for r in runs if r["part"] == "staleness"]
+    if stale:
+        synchronous = [r for r in stale if r["knobs"].get("max_staleness") == 0]
+        label = synchronous[0]["label"] if synchronous else "s = 0"
+        others = [r for r in stale if r["knobs"].get("max_staleness")]
+        sections += [
+            "### Staleness on arithmetic",
+            ablation_table(others, synchronous, budgets["arithmetic"]["threshold"], label),
+        ]
+        plot_ablations(others, synchronous, out / f"staleness{suffix}.png", "staleness", label)
+    grids = [r for r in runs if r["part"] not in ("ablations", "staleness")]
     if grids:
         plot_variance(grids, out / f"variance{suffix}.png")
     return "\n\n".join(sections)
@@ -162,13 +177,19 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, task: str) -> None:
     plt.close(fig)
 
 
-def plot_ablations(ablations: list[dict[str, Any]], baseline: list[dict[str, Any]], path: Path) -> None:
+def plot_ablations(
+    ablations: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    path: Path,
+    what: str = "ablations",
+    baseline_label: str = "baseline",
+) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.plot(*_mean_curve(baseline), label="baseline", color="black", linewidth=2)
+    ax.plot(*_mean_curve(baseline), label=baseline_label, color="black", linewidth=2)
     for label in dict.fromkeys(r["label"] for r in ablations):
         ax.plot(*_mean_curve([r for r in ablations if r["label"] == label]), label=label, marker=".")
-    ax.set_title("arithmetic, rloo K = 4: ablations (mean over seeds)")
+    ax.set_title(f"arithmetic, rloo K = 4: {what} (mean over seeds)")
     ax.set_xlabel("generated completions")
     ax.set_ylabel("held-out greedy accuracy")
     ax.legend(fontsize=8)

@@ -82,6 +82,9 @@ def test_the_plan_compares_estimators_and_ablations_at_equal_compute() -> None:
     assert {k.get("kl_placement") for k in knobs} >= {"reward", "loss"}
     assert {k.get("loss_aggregation") for k in knobs} | {"seq_mean_token_sum"} >= set(AGGREGATION_MODES)
     assert {"num_iterations": 2, "num_generations": 4} in knobs
+    stale = [r["knobs"] for r in runs if r["part"] == "staleness" and r["seed"] == 0]
+    assert [k["max_staleness"] for k in stale] == [0, 1, 1, 2, 2]
+    assert [k.get("vllm_importance_sampling_correction", True) for k in stale] == [True, True, False, True, False]
 
 
 def test_completions_to_counts_until_the_threshold() -> None:
@@ -94,7 +97,7 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     budgets = {name: learning.Budget(4, 16, 2, 0.5) for name in ("arithmetic", "reversal")}
     saved: list[list[dict[str, Any]]] = []
     runs = learning.run_study(learning.plan(learning.PARTS, quick=True), budgets, saved.append, warm_start_steps=25)
-    assert len(runs) == len(saved) == 6
+    assert len(runs) == len(saved) == 8
     by_label = {r["label"]: r for r in runs if r["part"] != "reversal"}
     for run in runs:
         assert run["curve"][0] == (0, run["warm_start"]) and run["curve"][-1][1] == run["final"]
@@ -104,10 +107,10 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     assert by_label["num_iterations 2"]["curve"][-1][0] == 4 * 16
     document = {"command": "test", "budgets": {k: vars(v) for k, v in budgets.items()}, "total_seconds": 1.0}
     text = render(json.loads(json.dumps({**document, "runs": runs})), tmp_path)
-    for heading in ("Estimators on arithmetic", "Estimators on reversal", "Ablations on arithmetic"):
+    for heading in ("Estimators on arithmetic", "Estimators on reversal", "Ablations on arithmetic", "Staleness on"):
         assert heading in text
-    assert "| KL in loss (beta 0.05) |" in text and "| num_iterations 2 |" in text
-    for plot in ("curves-arithmetic.png", "curves-reversal.png", "ablations.png", "variance.png"):
+    assert "| KL in loss (beta 0.05) |" in text and "| num_iterations 2 |" in text and "| s = 1, corrected |" in text
+    for plot in ("curves-arithmetic.png", "curves-reversal.png", "ablations.png", "staleness.png", "variance.png"):
         assert (tmp_path / plot).stat().st_size > 1000
 
 

@@ -175,6 +175,13 @@ class RLOOFields:
         "Upper clip range (ratio <= 1 + epsilon_high), > 0. None = from the preset: equal to epsilon (dapo: 0.28).",
         trl="epsilon_high",
     )
+    max_staleness: int = option(
+        0,
+        "Sample each generation batch with the weights of this many optimizer steps before the ones it trains "
+        "(an asynchronous pipeline's depth), >= 0; 0: the current weights (the synchronous loop). The lag is "
+        "corrected with the vllm_importance_sampling_* weights.",
+        trl="max_staleness",
+    )
     off_policy_mask_threshold: float | None = option(
         None,
         "Leave out of the policy loss a completion with a negative advantage whose mean per-token KL from the "

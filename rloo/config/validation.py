@@ -56,6 +56,7 @@ def validate(config: RLOOConfig) -> None:
         _check_algorithm,
         _check_rewards,
         _check_tools,
+        _check_off_policy,
         _check_clip_range,
         _check_optimization,
         _check_compile,
@@ -159,9 +160,6 @@ def _check_algorithm(config: RLOOConfig) -> None:
         )
     if config.num_iterations < 1:
         raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
-    threshold = config.off_policy_mask_threshold
-    if threshold is not None and not threshold > 0:
-        raise fail("off_policy_mask_threshold", threshold, "give the largest mean KL kept, > 0 (e.g. 0.5), or None")
     if not config.max_logits_memory_mb > 0:
         raise fail("max_logits_memory_mb", config.max_logits_memory_mb, "must be > 0 (MiB of logits per pass)")
     if not config.entropy_coef >= 0:
@@ -171,6 +169,21 @@ def _check_algorithm(config: RLOOConfig) -> None:
         raise fail("reward_clip_range", config.reward_clip_range, "give (min, max) with min <= max")
     if config.reward_weights is not None and len(config.reward_weights) == 0:
         raise fail("reward_weights", config.reward_weights, "give one weight per reward function, or None")
+
+
+def _check_off_policy(config: RLOOConfig) -> None:
+    """Sampling with older weights (max_staleness) and the off-policy sequence mask."""
+    if config.max_staleness < 0:
+        raise fail("max_staleness", config.max_staleness, "must be >= 0 optimizer steps (0: the synchronous loop)")
+    if config.max_staleness > 0 and config.use_vllm:
+        raise fail(
+            "max_staleness",
+            config.max_staleness,
+            "with use_vllm is not built yet (the engine would need the older weights); use rloo's sampler or 0",
+        )
+    threshold = config.off_policy_mask_threshold
+    if threshold is not None and not threshold > 0:
+        raise fail("off_policy_mask_threshold", threshold, "give the largest mean KL kept, > 0 (e.g. 0.5), or None")
 
 
 def _check_tools(config: RLOOConfig) -> None:

@@ -6,7 +6,7 @@
                policy == reference then gives KL exactly 0): :meth:`ExperienceMaker.logprobs`;
 4. advantages  rewards clipped, the KL penalty where its placement puts it, the estimator's
                baseline and (``normalize_advantages``) batch normalization, statistics global
-               over processes; with ``use_vllm``, the engines' importance weights; then the batch's
+               over processes; off-policy (``use_vllm``, ``max_staleness``), the importance weights; then the batch's
                metrics and warnings: :meth:`ExperienceMaker.train_batch`.
 
 (OpenRLHF calls this step "making experience"; the name is borrowed.)
@@ -86,8 +86,11 @@ class ExperienceMaker:
         args = self.args
         self.spec = args.algorithm
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
-        # vLLM's log-probs are the scored distribution's (log_softmax(logits / T)) without penalty or truncation
-        self.engine_logprobs = args.use_vllm and sampling.plain
+        # the sampler's log-probs are another engine's (vLLM) or older weights' (max_staleness): off-policy
+        self.off_policy = args.use_vllm or args.max_staleness > 0
+        # they are of the scored distribution, log_softmax(logits / T): rloo's sampler's always; vLLM's
+        # without penalty or truncation
+        self.engine_logprobs = self.off_policy and (sampling.plain or not args.use_vllm)
         self.correct_engines = self.engine_logprobs and args.vllm_importance_sampling_correction
         self.correction_off: str | None = None
         if args.use_vllm and args.vllm_importance_sampling_correction and not sampling.plain:
@@ -107,9 +110,9 @@ class ExperienceMaker:
         in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
-        # vLLM's log-probs come from another engine: rloo's own feed the KL's policy side and the engines'
+        # off-policy log-probs (vLLM's, older weights'): rloo's own feed the KL's policy side and the
         # importance weights; with neither, the forward would feed nothing
-        engines = self.args.use_vllm and (reference is not None or self.correct_engines)
+        engines = self.off_policy and (reference is not None or self.correct_engines)
         reused = self.args.optimizer_steps_per_generation > 1 or engines
         if reused or (reference is not None and self.spec.reward_beta > 0):
             old = no_grad_logprobs(
@@ -159,7 +162,7 @@ class ExperienceMaker:
             rewards=rewards,
             engine_weights=weights,
             # the off-policy mask's sampling side: the sampler's own log-probs where they are the scored distribution's
-            sampling_logprobs=rollout.sampling_logprobs if not self.args.use_vllm or self.engine_logprobs else None,
+            sampling_logprobs=rollout.sampling_logprobs if not self.off_policy or self.engine_logprobs else None,
         )
 
     def _advantages(

@@ -32,6 +32,8 @@ POLICY_VERSION = "policy_version"
 # (over the trained rows' loss tokens, as ENTROPY)
 FIRST_STEP_LOG_RATIO = "first_step/abs_log_ratio"
 # use_vllm: |log p_trainer - log p_vLLM| of the sampled tokens, and the importance weights (TRL's names)
+# the optimizer steps between the weights that sampled a batch and those it trains (max_staleness)
+STALENESS = "staleness"
 ENGINE_GAP_MEAN = "sampling/sampling_logp_difference/mean"
 ENGINE_GAP_MAX = "sampling/sampling_logp_difference/max"
 IS_RATIO_MIN = "sampling/importance_sampling_ratio/min"

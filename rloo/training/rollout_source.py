@@ -5,20 +5,25 @@ tells it each time the policy's weights change. The interface is shaped by the s
 (read from TRL 1.18's async GRPO rollout worker, verl's agent loop and AReaL's rollout workflow):
 a multi-turn episode runner (a different way to produce the same scored groups), an asynchronous
 worker (batches sampled by an older policy: the version says by how much) and a generation server
-(weights pushed on :meth:`RolloutSource.policy_updated`). Only the synchronous source exists
-today: :class:`SynchronousRollouts`, the KV-cached sampler and the reward functions, run by the
-trainer's own process between optimizer steps.
+(weights pushed on :meth:`RolloutSource.policy_updated`). Two exist: :class:`SynchronousRollouts`,
+the KV-cached sampler (or vLLM, or multi-turn episodes) and the reward functions, run by the trainer's
+own process between optimizer steps with the current weights; and :class:`PipelinedRollouts`
+(``max_staleness`` = s >= 1), the same with the weights of s optimizer steps before.
 
 Every batch carries the version of the policy weights that sampled it: the number of optimizer
 steps taken before sampling (:attr:`rloo.pipeline.ScoredRollout.policy_version`). The trainer
-logs it and checks it: in the synchronous loop it always equals the step being trained.
+logs it and checks it: it always equals ``max(0, step - max_staleness)`` for the step being trained.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
 
 from rloo.pipeline import ScoredRollout
 from rloo.training.parallel.distributed import Ranks
@@ -37,20 +42,28 @@ class RolloutSource(Protocol):
         """The policy's weights are now those after ``version`` optimizer steps."""
         ...
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume this source exactly."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from a checkpoint's :meth:`state`."""
+        ...
+
 
 class SynchronousRollouts:
     """Samples each batch with the current policy, in the trainer's process, when asked.
 
-    ``prompts``: the prompt order (``next_rows(n)``); ``generate(rows, group_ids)``: phases 1-2
-    (sample and score) for dataset rows; every process draws the same global batch of
-    ``prompts_per_batch * world_size`` prompts and keeps its share, whole groups each.
+    ``prompts``: the prompt order (``next_rows(n)``); ``generate(rows, group_ids, model)``: phases 1-2
+    (sample and score) for dataset rows, with ``model`` (None: the policy); every process draws the same
+    global batch of ``prompts_per_batch * world_size`` prompts and keeps its share, whole groups each.
     """
 
     def __init__(
         self,
         *,
         prompts: Any,
-        generate: Callable[[list[dict[str, Any]], Sequence[int]], ScoredRollout],
+        generate: Callable[..., ScoredRollout],
         ranks: Ranks,
         prompts_per_batch: int,
         groups_drawn: int = 0,
@@ -64,18 +77,103 @@ class SynchronousRollouts:
         world = self.prompts.next_rows(self.prompts_per_batch * self.ranks.world_size)
         rows, first = self.ranks.shard(world), self.groups_drawn + self.ranks.rank * self.prompts_per_batch
         self.groups_drawn += len(world)
-        scored = self.generate(rows, range(first, first + len(rows)))
-        return dataclasses.replace(scored, policy_version=self.policy_version)
+        version, model = self.sampling_weights()
+        scored = self.generate(rows, range(first, first + len(rows)), model)
+        return dataclasses.replace(scored, policy_version=version)
+
+    def sampling_weights(self) -> tuple[int, nn.Module | None]:
+        """The version that samples the next batch, and its model (None: the policy itself)."""
+        return self.policy_version, None
 
     def policy_updated(self, version: int) -> None:
         self.policy_version = version
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume this source exactly (the prompt order is the trainer's)."""
+        return {}
 
-def check_policy_version(scored: ScoredRollout, step: int) -> None:
-    """A synchronous batch must have been sampled by the policy being trained (``step`` optimizer
-    steps taken): anything else is a weight update the sampler missed."""
-    if scored.policy_version != step:
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state`'s dict."""
+
+
+class PipelinedRollouts(SynchronousRollouts):
+    """A pipeline of depth s = ``max_staleness``: the batch trained at step t is sampled by the weights after
+    step ``max(0, t - s)``, as an asynchronous worker s steps behind the trainer samples it. Every batch is
+    exactly that far behind, whatever the machine's speed: a run is deterministic, equal for any number of
+    processes, and resumes exactly (a checkpoint holds the s older versions still to sample with).
+
+    The sampling model is a copy of the policy (``policy()``) into which each version's trainable weights are
+    loaded; the versions are kept on the CPU, the trainable parameters only (a LoRA policy's adapters).
+    Here it samples in the trainer's process, between optimizer steps, so it overlaps nothing yet: it gives
+    the asynchronous loop's semantics (staleness, the off-policy correction, exact resume) in its own right."""
+
+    KEY = "pipelined_rollouts"
+
+    def __init__(self, *, policy: Callable[[], nn.Module], staleness: int, **source: Any) -> None:
+        super().__init__(**source)
+        self.policy, self.staleness = policy, staleness
+        self.versions: dict[int, dict[str, Tensor]] = {}
+        self.sampler: nn.Module | None = None
+        self.loaded: int | None = None
+
+    def sampling_weights(self) -> tuple[int, nn.Module | None]:
+        version = max(0, self.policy_version - self.staleness)
+        if version not in self.versions and version == self.policy_version:  # before any update: the policy's
+            self.versions[version] = trainable_weights(self.policy())
+        if version not in self.versions:
+            raise RuntimeError(
+                f"max_staleness={self.staleness}: the weights of step {version} are gone (kept: "
+                f"{sorted(self.versions)}); a checkpoint saved without them cannot resume this pipeline"
+            )
+        if self.sampler is None:
+            self.sampler = copy.deepcopy(self.policy()).eval().requires_grad_(False)
+            self.loaded = None
+        if self.loaded != version:
+            with torch.no_grad():
+                parameters = dict(self.sampler.named_parameters())
+                for name, value in self.versions[version].items():
+                    parameters[name].copy_(value)
+            self.loaded = version
+        return version, self.sampler
+
+    def policy_updated(self, version: int) -> None:
+        super().policy_updated(version)
+        self.versions[version] = trainable_weights(self.policy())
+        for old in [v for v in self.versions if v < version - self.staleness]:
+            del self.versions[old]
+
+    def state(self) -> dict[str, Any]:
+        """The versions the next s batches sample with (all but the current weights, which the checkpoint holds)."""
+        return {str(v): weights for v, weights in self.versions.items() if v < self.policy_version}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.versions.update({int(v): weights for v, weights in state.items()})
+
+
+def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s trainable parameters, copied to the CPU."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+
+
+def rollout_source(args: Any, ranks: Ranks, policy: Callable[[], nn.Module], **source: Any) -> SynchronousRollouts:
+    """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1, else synchronous."""
+    if args.max_staleness == 0:
+        return SynchronousRollouts(ranks=ranks, **source)
+    if ranks.lockstep:
+        raise ValueError(
+            f"RLOOConfig.max_staleness={args.max_staleness} with FSDP2-sharded training is not built yet (the "
+            "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
+        )
+    return PipelinedRollouts(ranks=ranks, policy=policy, staleness=args.max_staleness, **source)
+
+
+def check_policy_version(scored: ScoredRollout, step: int, staleness: int = 0) -> None:
+    """A batch trained at ``step`` must have been sampled by the policy of step ``max(0, step - staleness)``
+    (``max_staleness``; 0: the policy being trained): anything else is a weight update the sampler missed."""
+    expected = max(0, step - staleness)
+    if scored.policy_version != expected:
         raise RuntimeError(
-            f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}: "
-            "the rollout source missed a weight update (RolloutSource.policy_updated)"
+            f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}, not "
+            f"{expected} (max_staleness={staleness}): the rollout source missed a weight update "
+            "(RolloutSource.policy_updated)"
         )

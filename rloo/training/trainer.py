@@ -79,7 +79,7 @@ from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine, eval_seed
 from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
-from rloo.training.rollout_source import RolloutSource, SynchronousRollouts, check_policy_version
+from rloo.training.rollout_source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
 from rloo.training.setup.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.setup.optimization import prepare_training, total_steps
 from rloo.training.state import TrainerState
@@ -157,10 +157,12 @@ class RLOOTrainer(CallbackMethods):
         self.rollout_settings = RolloutSettings.from_config(
             args, agent=agent, custom=bind_rollout_func(rollout_func, self)
         )
-        self.rollouts: RolloutSource = SynchronousRollouts(
+        self.rollouts: RolloutSource = rollout_source(  # max_staleness >= 1: sampled by older weights
+            args,
+            self.ranks,
+            lambda: self.unwrapped_model,
             prompts=self.sampler,
-            generate=lambda rows, groups: self._scored_rollout(rows, groups, sampling_seed=args.seed),
-            ranks=self.ranks,
+            generate=lambda rows, groups, model: self._scored_rollout(rows, groups, args.seed, model=model),
             prompts_per_batch=args.prompts_per_generation,
         )
         # the full run file when built by ``rloo train``; written as config.yaml
@@ -283,7 +285,7 @@ class RLOOTrainer(CallbackMethods):
     def _next_rollouts(self) -> ScoredRollout:
         scored = self.rollouts.next_batch()
         self.state.num_groups_seen = self.rollouts.groups_drawn
-        check_policy_version(scored, self.state.global_step)
+        check_policy_version(scored, self.state.global_step, self.args.max_staleness)
         self.timer.record("generate", scored.generate_seconds)
         self.timer.record("score", scored.score_seconds)
         return scored
@@ -293,6 +295,7 @@ class RLOOTrainer(CallbackMethods):
         batch = self.experience.train_batch(scored, logprobs)
         assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
         batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
+        batch.metrics[names.STALENESS] = float(step - scored.policy_version)
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
         if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
             self.experience.log_completions(step, scored, batch.advantages)
@@ -309,10 +312,11 @@ class RLOOTrainer(CallbackMethods):
         group_ids: Sequence[int],
         sampling_seed: int,
         settings: RolloutSettings | None = None,
+        model: Any = None,
     ) -> ScoredRollout:
-        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default)."""
+        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default; ``model``: the policy's)."""
         return generate_and_score(
-            self.unwrapped_model,
+            self.unwrapped_model if model is None else model,
             self.processing_class,
             [row["prompt"] for row in rows],
             columns_of(rows),
@@ -409,6 +413,7 @@ class RLOOTrainer(CallbackMethods):
         objects = (self.optimizer, self.scheduler, self.sampler)
         state = checkpoints.training_state(*objects, rng, self.unwrapped_model, self.accelerator.scaler)
         state[ReferenceSync.KEY] = self.reference_sync.state()
+        state[PipelinedRollouts.KEY] = self.rollouts.state()
         path = self.ranks.on_main(
             lambda: checkpoints.save_checkpoint(
                 self.output_dir,
@@ -432,6 +437,7 @@ class RLOOTrainer(CallbackMethods):
         )
         trainer_state.pop("world_size", None)
         self.reference_sync.restore(path)
+        self.rollouts.restore(checkpoints.load_checkpoint_states(path)[1].get(PipelinedRollouts.KEY) or {})
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 

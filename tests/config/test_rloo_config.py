@@ -55,6 +55,8 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"epsilon_high": -0.28}, "epsilon_high", -0.28, "unset to equal epsilon"),
     ({"num_iterations": 0}, "num_iterations", 0, "must be >= 1"),
     ({"off_policy_mask_threshold": -0.5}, "off_policy_mask_threshold", -0.5, "mean KL kept, > 0"),
+    ({"max_staleness": -1}, "max_staleness", -1, "must be >= 0 optimizer steps"),
+    ({"max_staleness": 2, "use_vllm": True}, "max_staleness", 2, "with use_vllm is not built yet"),
     ({"max_tool_calling_iterations": -1}, "max_tool_calling_iterations", -1, "must be >= 0 rounds"),
     ({"tool_timeout": 0.0}, "tool_timeout", 0.0, "must be > 0 seconds"),
     ({"max_logits_memory_mb": 0}, "max_logits_memory_mb", 0, "must be > 0"),
