@@ -138,7 +138,8 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
             "### Staleness on arithmetic",
             ablation_table(others, synchronous, budgets["arithmetic"]["threshold"], label),
         ]
-        plot_ablations(others, synchronous, out / f"staleness{suffix}.png", "staleness", label)
+        name = "staleness" + suffix.replace("-staleness", "")  # its own run's suffix names the part already
+        plot_ablations(others, synchronous, out / f"{name}.png", "staleness", label)
     grids = [r for r in runs if r["part"] not in ("ablations", "staleness")]
     if grids:
         plot_variance(grids, out / f"variance{suffix}.png")

@@ -29,6 +29,8 @@ CASES.append(("token_mean", False, "reinforce_pp"))
 # LoRA (the reference is the base model, adapters disabled) and an evaluation every step,
 # sharded over the processes (5 eval prompts: an uneven split)
 CASES.append(("token_mean", False, "lora+eval"))
+# each batch sampled by the weights of the step before (max_staleness 1), corrected: the same on 1 and 2 processes
+CASES.append(("token_mean", False, "stale"))
 
 
 def case_name(mode: str, normalize: bool, estimator: str) -> str:
@@ -40,14 +42,15 @@ def main(out: Path) -> None:
     for mode, normalize, estimator in CASES:
         name = case_name(mode, normalize, estimator)
         tok = make_tokenizer()
-        lora_eval = estimator == "lora+eval"
+        lora_eval, stale = estimator == "lora+eval", estimator == "stale"
         args = world_config(
             out / f"world{world}" / name,
             world,
             COMPLETIONS_PER_STEP,
             loss_aggregation=mode,
             normalize_advantages=normalize,
-            advantage_estimator="rloo" if lora_eval else estimator,
+            advantage_estimator="rloo" if lora_eval or stale else estimator,
+            max_staleness=1 if stale else 0,
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,

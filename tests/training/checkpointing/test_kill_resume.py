@@ -275,7 +275,11 @@ def kill_until_done(run_file: Path, overrides: list[str], output_dir: Path, seed
 
 # about 2 minutes per case on 2 CPU cores (each attempt starts a fresh Python, ~6 s): in the
 # default suite on purpose, so CI runs it
-@pytest.mark.parametrize("overrides", [[], ["num_iterations=2"]], ids=["default", "num_iterations=2"])
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["num_iterations=2"], ["max_staleness=2"]],
+    ids=["default", "num_iterations=2", "max_staleness=2"],  # the last: the older weights in the checkpoints
+)
 def test_sigkill_at_random_moments_never_loses_or_corrupts_a_run(tmp_path: Path, overrides: list[str]) -> None:
     run_file = write_run_file(tmp_path)
     straight = tmp_path / "straight"
