@@ -60,6 +60,34 @@ def combine_rewards(rewards_per_func: Tensor, weights: Tensor) -> tuple[Tensor, 
     return weighted.sum(dim=1), applies.any(dim=1)
 
 
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def normalize_then_sum(
+    rewards_per_func: Tensor, weights: Tensor, group_ids: Tensor, eps: float = DEFAULT_STD_EPS
+) -> Tensor:
+    """GDPO's combination (TRL's ``multi_objective_aggregation='normalize_then_sum'``): each reward function
+    normalized within each group, then the weighted sum:
+
+        r'_nf = (R_nf - mean_g(R_f)) / (std_g(R_f) + eps),   r_n = sum_{f : R_nf is not NaN} w_f r'_nf
+
+    with ``mean_g``, ``std_g`` (ddof=1; 0 with fewer than 2) over the rows of n's group where f applies
+    (``R`` not NaN): a function that does not apply to some completions never turns its group's statistics
+    into NaN. ``(N, F)``, ``(F,)``, ``(N,)`` -> ``(N,)``, 0.0 where no function applies."""
+    index, num_groups = _dense_group_index(group_ids)
+    applies = ~torch.isnan(rewards_per_func)
+    values = torch.where(applies, rewards_per_func, 0.0)
+    counts = torch.zeros(num_groups, rewards_per_func.shape[1], dtype=values.dtype, device=values.device)
+    counts = counts.index_add_(0, index, applies.to(values.dtype))[index]
+    sums = torch.zeros_like(counts[:num_groups]).index_add_(0, index, values)[index]
+    mean = sums / counts.clamp(min=1.0)
+    squares = torch.where(applies, (values - mean) ** 2, 0.0)
+    spread = torch.zeros_like(counts[:num_groups]).index_add_(0, index, squares)[index]
+    std = torch.where(counts >= 2, torch.sqrt(spread / (counts - 1).clamp(min=1.0)), 0.0)
+    normalized = torch.where(applies, (values - mean) / (std + eps), 0.0)
+    return (normalized * weights.to(normalized)).sum(dim=1)
+
+
 def clip_rewards(rewards: Tensor, clip_range: tuple[float, float] | None) -> Tensor:
     """``clamp(r, low, high)``; identity when ``clip_range`` is None. ``rewards: (N,)``."""
     if clip_range is None:

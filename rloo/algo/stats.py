@@ -68,3 +68,19 @@ def clip_fractions(
         high=float(masked_mean(high, action_mask)),
         region=float(masked_mean(torch.clamp(low + high, max=1.0), action_mask)),
     )
+
+
+def pass_at_k(successes: Tensor, k: int) -> float:
+    """The unbiased pass@k of P problems with n samples each (Chen et al. 2021): ``successes: (P, n)`` bool,
+
+        pass@k = mean_p [1 - C(n - c_p, k) / C(n, k)],   c_p = successes of problem p,
+
+    the chance that k of the n samples, drawn without replacement, hold a success; ``1 <= k <= n``."""
+    n = successes.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n = {n} samples per problem, got k = {k}")
+    failures = n - successes.sum(dim=1).to(torch.float64)
+    # C(n - c, k) / C(n, k) = prod_{i=0}^{k-1} (n - c - i) / (n - i), 0 once n - c < k
+    steps = torch.arange(k, dtype=torch.float64)
+    ratio = ((failures.unsqueeze(1) - steps).clamp(min=0) / (n - steps)).prod(dim=1)
+    return float((1 - ratio).mean())

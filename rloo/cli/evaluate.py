@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rloo.algo.stats import pass_at_k
 from rloo.data.loading import DatasetSource, holds_one_split
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, generate_and_score
@@ -231,7 +232,8 @@ def summarize(
     ``rewards[name]``: ``mean`` and ``scorable`` (over the completions it applies to / the share it
     applies to), for a binary one ``fraction_of_ones`` (of all completions); with K > 1,
     ``pass_at_k``: per prompt, any of K completions a success / a 1, for the combined reward and
-    each binary function.
+    each binary function; ``pass_at``: the unbiased pass@j for j = 1..K (:func:`rloo.algo.stats.pass_at_k`),
+    the same columns.
     """
     success = combined >= threshold  # NaN compares False
     summary: dict[str, Any] = {
@@ -246,6 +248,10 @@ def summarize(
     if combined.shape[1] > 1:
         ones = {name: _share((scores[..., f] == 1).any(dim=1)) for f, name in enumerate(names) if binary[f]}
         summary["pass_at_k"] = {"combined_at_least_threshold": _share(success.any(dim=1)), **ones}
+        columns = {"combined_at_least_threshold": success}
+        columns |= {name: scores[..., f] == 1 for f, name in enumerate(names) if binary[f]}
+        k = combined.shape[1]
+        summary["pass_at"] = {str(j): {name: pass_at_k(c, j) for name, c in columns.items()} for j in range(1, k + 1)}
     return summary
 
 

@@ -86,6 +86,12 @@ def _plots(logged: set[str]) -> list[Plot]:
             "no eval_reward logged (needs eval_dataset and eval_steps)",
             {"eval_reward": "eval_reward_std"},
         ),
+        Plot(
+            "Eval pass@k (unbiased, combined reward >= 1)",
+            tuple(f"eval_pass@{k}" for k in (1, 2, 4, 8, 16)),
+            "no eval_pass@k logged (needs num_generations_eval >= 2)",
+            optional=True,
+        ),
     ]
 
 

@@ -139,7 +139,5 @@ ELSEWHERE: dict[str, str] = {
     **dict.fromkeys(("sapo_temperature_neg", "sapo_temperature_pos"), "rloo has no SAPO objective"),
     "use_bias_correction_kl": "rloo's KL term in the loss is not multiplied by the ratio (with beta=0, TRL GRPO's "
     "default, there is none); remove it",
-    "multi_objective_aggregation": "rloo sums the weighted rewards, then forms the advantages (TRL's "
-    "sum_then_normalize); normalize_then_sum is not supported",
     "log_completions_hub_repo": "log_completions=True writes output_dir/completions.jsonl; upload it yourself",
 }

@@ -252,6 +252,13 @@ class RLOOFields:
         "One weight per reward function; the reward is the weighted sum of those that apply. None = all 1.0.",
         trl="reward_weights",
     )
+    multi_objective_aggregation: str = option(
+        "sum_then_normalize",
+        "Several reward functions: sum_then_normalize (the weighted sum, then the advantage estimator) or "
+        "normalize_then_sum (GDPO: each function normalized within its group, mean 0 and std 1 over the "
+        "completions it applies to, then the weighted sum, then the estimator).",
+        trl="multi_objective_aggregation",
+    )
     reward_clip_range: FloatPair | None = option(
         None,
         "(min, max): clamps the combined reward before the KL penalty and the baseline. None = no clipping.",

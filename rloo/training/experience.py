@@ -27,6 +27,7 @@ from rloo.algo.advantages import (
     clip_rewards,
     get_advantage_estimator,
     normalize_advantages,
+    normalize_then_sum,
     rows_with_baseline,
 )
 from rloo.algo.importance import engine_importance_weights, weight_stats
@@ -70,7 +71,8 @@ class ExperienceMaker:
 
     ``model``: returns the unwrapped policy (it may be re-wrapped after construction);
     ``reference``: the frozen reference model, or None (no KL, or LoRA: adapters disabled);
-    ``autocast``: the mixed-precision context; ``warn``: prints a warning once.
+    ``autocast``: the mixed-precision context; ``warn``: prints a warning once; ``reward_weights``: the
+    reward functions' weights.
     """
 
     args: RLOOConfig
@@ -78,6 +80,7 @@ class ExperienceMaker:
     model: Callable[[], nn.Module]
     reference: nn.Module | None
     reward_names: list[str]
+    reward_weights: Tensor  # (F,): normalize_then_sum weighs the normalized functions
     autocast: Callable[[], Any]
     warn: Callable[[str], None]
     output_dir: Path
@@ -172,7 +175,11 @@ class ExperienceMaker:
         KL-penalized where the KL is a reward penalty; ``stats``: the batch statistics' reach."""
         args, spec, rollout = self.args, self.spec, scored.rollout
         scorable = scored.rewards.scorable
-        rewards = clip_rewards(scored.rewards.rewards, args.reward_clip_range)
+        combined = scored.rewards.rewards  # the weighted sum; GDPO's normalize_then_sum is computed per group here
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            scores = scored.rewards.scores.values.to(combined)
+            combined = normalize_then_sum(scores, self.reward_weights.to(combined), rollout.group_ids)
+        rewards = clip_rewards(combined, args.reward_clip_range)
         loss_mask = rollout.model_mask  # inserted tokens (tool results) are context, never trained on
         if spec.mask_truncated_completions:
             loss_mask = mask_truncated(loss_mask, rollout.truncated)

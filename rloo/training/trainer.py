@@ -176,6 +176,7 @@ class RLOOTrainer(CallbackMethods):
             model=lambda: self.unwrapped_model,
             reference=self.ref_model,
             reward_names=self.rewards.names,
+            reward_weights=self.rewards.weights,
             autocast=self.accelerator.autocast,
             warn=self.warn,
             output_dir=self.output_dir,
@@ -465,7 +466,7 @@ class RLOOTrainer(CallbackMethods):
             return torch.cat([combined, scored.rewards.scores.values.to(combined), loss], dim=1).cpu()
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
-        return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix)
+        return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix, k)
 
     def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None, **_: Any) -> str:
         """Save the model to ``output_dir/final`` with a model card and upload it to ``hub_model_id``

@@ -488,3 +488,33 @@ def test_per_group_constant_changes_reinforce(batch: dict[str, list], c: float) 
     scorable = torch.ones(len(ids), dtype=torch.bool)
     estimator = get_advantage_estimator("reinforce")
     torch.testing.assert_close(estimator(rewards + c, ids, scorable), estimator(rewards, ids, scorable) + c)
+
+
+# ------------------------------------------------------------ GDPO's normalize_then_sum (several rewards)
+def test_normalize_then_sum_normalizes_each_function_within_its_group() -> None:
+    from rloo.algo.advantages import normalize_then_sum
+
+    nan = float("nan")
+    scores = torch.tensor([[1.0, 0.0], [0.0, nan], [1.0, 1.0], [3.0, 5.0]])
+    out = normalize_then_sum(scores, torch.tensor([1.0, 2.0]), torch.tensor([0, 0, 0, 1]))
+    # group 0, f0 = (1, 0, 1): mean 2/3, std 1/sqrt(3); f1 = (0, -, 1) over the 2 rows it applies to: mean 1/2,
+    # std 1/sqrt(2); group 1 has one row: std 0, each normalized score 0
+    s0, s1 = 1 / math.sqrt(3) + 1e-4, 1 / math.sqrt(2) + 1e-4
+    expected = [(1 / 3) / s0 + 2 * (-0.5 / s1), (-2 / 3) / s0, (1 / 3) / s0 + 2 * (0.5 / s1), 0.0]
+    assert out.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=6), st.integers(0, 5))
+def test_normalize_then_sum_is_finite_whatever_applies(values: list[float], missing: int) -> None:
+    """A function that does not apply to some completions (None -> NaN) never makes the group's result NaN
+    (the bug ms-swift#8123 reports); a group whose every completion lacks it contributes 0 for it."""
+    from rloo.algo.advantages import normalize_then_sum
+
+    n = len(values)
+    second = [float("nan") if i <= missing else v for i, v in enumerate(values)]
+    scores = torch.tensor([values, second]).T
+    out = normalize_then_sum(scores, torch.tensor([1.0, 1.0]), torch.zeros(n, dtype=torch.long))
+    assert torch.isfinite(out).all()
+    alone = normalize_then_sum(scores[:, :1], torch.tensor([1.0]), torch.zeros(n, dtype=torch.long))
+    if missing >= n - 1:  # the second function applies to at most one completion: it adds nothing
+        assert torch.allclose(out, alone)

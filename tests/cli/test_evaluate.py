@@ -33,6 +33,11 @@ def test_summarize_reports_each_reward_and_the_combined_share_by_hand() -> None:
     assert summary["rewards"]["right"] == {"mean": pytest.approx(1 / 3), "scorable": 0.75, "fraction_of_ones": 0.25}
     assert summary["rewards"]["length"] == {"mean": 0.5, "scorable": 1.0}  # no share of 1s: not 0/1-valued
     assert summary["pass_at_k"] == {"combined_at_least_threshold": 1.0, "right": 0.5}
+    # unbiased pass@1: each prompt's share of successes, averaged: (1/2 + 1/2) / 2 combined, (1/2 + 0) / 2 right
+    assert summary["pass_at"] == {
+        "1": {"combined_at_least_threshold": 0.5, "right": 0.25},
+        "2": {"combined_at_least_threshold": 1.0, "right": 0.5},
+    }
     greedy = summarize(combined[:, :1], scores[:, :1], ["right", "length"], [True, False], threshold=0.75)
     assert "pass_at_k" not in greedy and greedy["rewards"]["right"]["fraction_of_ones"] == 0.5
 

@@ -49,6 +49,7 @@ def maker(tmp_path: Path, **config: object) -> ExperienceMaker:
         model=lambda: torch.nn.Linear(1, 1),
         reference=None,
         reward_names=["r"],
+        reward_weights=torch.ones(1),
         autocast=contextlib.nullcontext,
         warn=lambda message: None,
         output_dir=tmp_path,
@@ -181,3 +182,21 @@ def test_the_off_policy_mask_leaves_out_negative_advantages_the_sampler_rated_hi
     near = shifted_run(tmp_path / "c", monkeypatch, 1.0, off_policy_mask_threshold=1.5, **common)
     assert masked["loss"] < plain["loss"] and masked["loss"] <= 0.0
     assert near["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+
+
+def test_normalize_then_sum_forms_the_advantages_from_each_functions_group_normalized_scores(tmp_path: Path) -> None:
+    """Two functions, one prompt of K = 2: f0 = (1, 0), f1 = (0, 3) with weights (1, 1). GDPO: each normalized
+    within the group ((1, -1) / (std + eps) each, std = 1/sqrt(2) and 3/sqrt(2)), then summed: (a - b, b - a)
+    with a = 0.5 / (0.7071 + 1e-4), b = 1.5 / (2.1213 + 1e-4); rloo's baseline then doubles it (K = 2)."""
+    one = scored([1.0, 0.0], [2, 2], k=2)
+    values = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
+    combined = CombinedRewards(RewardScores(values, [0, 0], [0, 0]), values.sum(dim=1), torch.ones(2, dtype=torch.bool))
+    two = dataclasses.replace(one, rewards=combined)
+    m = maker(tmp_path, multi_objective_aggregation="normalize_then_sum")
+    m.reward_weights = torch.ones(2)
+    _, _, _, advantages = m._advantages(two, StoredLogprobs(None, None), batch_stats)
+    a, b = 0.5 / (math.sqrt(0.5) + 1e-4), 1.5 / (3 * math.sqrt(0.5) + 1e-4)
+    assert advantages.tolist() == pytest.approx([2 * (a - b), 2 * (b - a)], abs=1e-5)
+    summed = maker(tmp_path, multi_objective_aggregation="sum_then_normalize")
+    _, _, _, plain = summed._advantages(two, StoredLogprobs(None, None), batch_stats)
+    assert plain.tolist() == pytest.approx([-2.0, 2.0])  # rewards 1 and 3: each minus the other

@@ -241,3 +241,39 @@ def test_kl_is_over_every_row_when_rows_skip_the_training_passes(tmp_path: Path)
     assert abs(kl["every row"] - kl["trained rows"]) > 1e-3 * abs(kl["every row"])
     # with the KL in the loss no row skips (its KL gradient is not zero): the training passes' kl is every row's
     assert not trainer(tmp_path / "in-loss", beta=0.05, kl_placement="loss", kl_estimator="k3").updater.exact_skip
+
+
+def test_eval_metrics_give_the_unbiased_pass_at_k_for_every_k() -> None:
+    """Two prompts x K = 2: combined rewards (1, 0) and (0, NaN); a 0/1 function and a graded one."""
+    from rloo.training.metrics import eval_metrics
+
+    nan = float("nan")
+    values = torch.tensor([[1.0, 1.0, 0.5], [0.0, 0.0, 0.2], [0.0, 1.0, 0.7], [nan, nan, nan]])
+    metrics = eval_metrics(values, ["right", "graded"], "eval", k=2)
+    # prompt 0: one success of 2 -> pass@1 1/2, pass@2 1; prompt 1: none (NaN is not a success)
+    assert metrics["eval_pass@1"] == 0.25 and metrics["eval_pass@2"] == 0.5
+    # "right": prompt 0 (1, 0), prompt 1 (1, NaN): pass@1 = (1/2 + 1/2) / 2, pass@2 = 1
+    assert metrics["eval_rewards/right/pass@1"] == 0.5 and metrics["eval_rewards/right/pass@2"] == 1.0
+    assert not any("graded/pass@" in key for key in metrics)  # not 0/1-valued
+    assert not any("pass@" in key for key in eval_metrics(values, ["right", "graded"], "eval"))  # k = 1
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    from rloo.algo.stats import pass_at_k
+
+    successes = torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]).bool()
+    # prompt 0: 1 - C(3, k) / C(4, k) = 1/4, 1/2, 3/4, 1; prompt 1: 0; prompt 2: 1
+    assert [pass_at_k(successes, k) for k in (1, 2, 3, 4)] == pytest.approx(
+        [(0.25 + 1) / 3, (0.5 + 1) / 3, (0.75 + 1) / 3, 2 / 3]
+    )
+    with pytest.raises(ValueError, match="1 <= k <= n = 4"):
+        pass_at_k(successes, 5)
+
+
+def test_evaluate_logs_pass_at_k_for_k_up_to_its_samples(tmp_path: Path) -> None:
+    from tests.helpers.models import dataset, trainer
+
+    run = trainer(tmp_path, num_generations_eval=3)
+    metrics = run.evaluate(dataset(44)[40:])
+    assert [key for key in metrics if key.startswith("eval_pass@")] == ["eval_pass@1", "eval_pass@2", "eval_pass@3"]
+    assert metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= metrics["eval_pass@3"]
