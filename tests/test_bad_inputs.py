@@ -9,6 +9,7 @@ of them fail before any training step, on a tiny local model (offline, CPU).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -745,3 +746,109 @@ def test_the_code_execution_reward_without_its_column_is_refused_at_construction
         build(tmp_path, reward_funcs=code_execution_reward(column="tests"))
     assert "reward function `code_execution` requires argument(s) tests" in str(info.value)
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------- before: another library's message
+
+
+def test_config_values_torch_would_reject_name_the_field() -> None:
+    # before: accepted, then failing inside torch (AdamW's "Invalid beta parameter") or at the first reward sum
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"reward_weights": ["a", 1.0]}, "RLOOConfig.reward_weights=['a', 1.0] is invalid: expects a list of numbers"),
+        ({"reward_clip_range": ["a", 1.0]}, "RLOOConfig.reward_clip_range=('a', 1.0) is invalid: expects a [min, max]"),
+        ({"adam_beta1": 1.0}, "RLOOConfig.adam_beta1=1.0 is invalid: must be in [0, 1)"),
+        ({"adam_beta2": -0.5}, "RLOOConfig.adam_beta2=-0.5 is invalid: must be in [0, 1)"),
+        ({"adam_epsilon": -1e-8}, "RLOOConfig.adam_epsilon=-1e-08 is invalid: must be >= 0"),
+    ]
+    for values, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            RLOOConfig(**values)
+
+
+def test_a_run_file_with_adam_beta_out_of_range(tmp_path: Path, files: dict[str, Path]) -> None:
+    message = assert_usage_error(
+        invoke("train", run_file(tmp_path, files, adam_beta2=1.0)), "RLOOConfig.adam_beta2=1.0 is invalid"
+    )
+    assert "Loading" not in message
+
+
+def test_a_dataset_file_that_is_not_utf8_names_the_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    # before: pyarrow's UnicodeDecodeError ("'utf-8' codec can't decode byte 0xe9"), the file not named
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"prompt": "1+1="}\n{"prompt": "caf\xe9 2+2="}\n'.encode("latin-1"))
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, train_dataset=str(latin1))
+    message = str(info.value)
+    assert f"prompt data file {str(latin1)!r} is not UTF-8" in message, message
+    assert "line 2" in message and "save it as UTF-8" in message, message
+    # UTF-16 (before: "JSON parse error: Invalid value"), as the eval set of a run file
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_bytes('{"prompt": "1+1="}\n'.encode("utf-16"))
+    path = run_file(tmp_path, files, eval_dataset={"path": str(utf16)})
+    assert_usage_error(invoke("train", path), f"prompt data file {str(utf16)!r} is not UTF-8", "save it as UTF-8")
+
+
+CHAT = [{"role": "user", "content": "1+1="}]
+
+
+def test_rows_mixing_text_and_conversational_prompts(tmp_path: Path) -> None:
+    # before: pyarrow's "Expected bytes, got a 'list' object" naming no row, or (a JSONL file) accepted,
+    # every prompt then templated as the first row's kind
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, train_dataset=[{"prompt": "1+1="}, {"prompt": "2+2="}, {"prompt": CHAT}, {"prompt": CHAT}])
+    message = str(info.value)
+    assert "the `prompt` column mixes text and conversational prompts" in message, message
+    assert "row 0 is text (a str) but row 2 is a conversation (a list of messages)" in message, message
+    assert "(2 of 4 rows differ from row 0)" in message and "give every row the same kind" in message, message
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(f'{{"prompt": {json.dumps(CHAT)}}}\n{{"prompt": "1+1="}}\n')
+    with pytest.raises(ValueError, match=r"row 0 is a conversation \(a list of messages\) but row 1 is text"):
+        build(tmp_path, train_dataset=str(mixed))
+    with pytest.raises(ValueError, match=r"the `prompt` column of eval_dataset mixes text and conversational"):
+        build(tmp_path, eval_dataset=[{"prompt": "1+1="}, {"prompt": CHAT}])
+
+
+def test_an_eval_dataset_without_a_prompt_column_is_named_as_the_eval_dataset(tmp_path: Path) -> None:
+    # before: "dataset has no `prompt` column", as if the training set had none
+    with pytest.raises(ValueError) as info:
+        build(tmp_path, eval_dataset=[{"q": "1+1="}])
+    message = str(info.value)
+    assert message.startswith("eval_dataset has no `prompt` column (columns: q)"), message
+    assert "eval_dataset.rename_column('q', 'prompt') in Python" in message, message
+    with pytest.raises(ValueError, match=re.escape("eval_dataset['hard'] has no `prompt` column (columns: q)")):
+        build(tmp_path, eval_dataset={"easy": dataset(2), "hard": [{"q": "1+1="}]})
+    with pytest.raises(ValueError, match=re.escape("invalid prompt in row 1 of eval_dataset: the prompt is a int")):
+        build(tmp_path, eval_dataset=[{"prompt": "1+1="}, {"prompt": 3}])
+    with pytest.raises(ValueError, match=re.escape("eval_dataset has no `prompt` column (columns: q)")):
+        build(tmp_path).evaluate(eval_dataset=[{"q": "1+1="}])
+
+
+def test_a_run_file_that_is_not_utf8_names_the_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    # before: "'utf-8' codec can't decode byte 0xe9 in position ...", the file not named
+    path = run_file(tmp_path, files)
+    bad_line = len(path.read_bytes().splitlines()) + 1
+    path.write_bytes(path.read_bytes() + "# caf\xe9\n".encode("latin-1"))
+    message = assert_usage_error(invoke("train", path), f"run file {str(path)!r} is not UTF-8", "save it as UTF-8")
+    assert f"line {bad_line}" in message, message
+
+
+def test_a_stream_mixing_text_and_conversational_prompts(tmp_path: Path) -> None:
+    # before: a streaming train set was trained on, each batch rendered as its first row's kind; a streaming
+    # eval set failed with pyarrow's "Expected bytes, got a 'list' object"
+    from rloo.data.prompt_order import StreamedRows
+
+    def rows() -> Any:
+        yield from ({"prompt": "1+1="}, {"prompt": "2+2="}, {"prompt": CHAT})
+
+    stream = datasets.IterableDataset.from_generator(rows)
+    with pytest.raises(ValueError, match=r"streaming train_dataset mixes text .* row 0 is text \(a str\) but row 2"):
+        StreamedRows(stream, seed=0, shuffle=False).next_rows(3)
+    with pytest.raises(ValueError, match=r"the `prompt` column of eval_dataset mixes text and conversational"):
+        build(tmp_path).evaluate(eval_dataset=stream)
+
+
+def test_a_trl_config_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "trl.yaml"
+    config.write_bytes("model_name_or_path: caf\u00e9\n".encode("latin-1"))
+    result = invoke("train", "--config", config)
+    assert result.exit_code == 2 and str(config) in flat(result.stderr) and "--config" in flat(result.stderr)

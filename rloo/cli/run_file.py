@@ -16,6 +16,7 @@ Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import os
 import typing
@@ -245,12 +246,28 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise ValueError(f"run file {str(file)!r} not found")
     try:
-        loaded = yaml.safe_load(file.read_text()) or {}
+        loaded = yaml.safe_load(utf8_text(file, "run file")) or {}
     except yaml.YAMLError as error:
         raise ValueError(f"run file {str(file)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"run file {str(file)!r} must be a YAML mapping of keys to values")
     return loaded
+
+
+def utf8_text(file: Path, what: str) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped), whatever the locale's encoding; a
+    ``ValueError`` naming the file and the first line that is not UTF-8 (not Python's bare
+    ``UnicodeDecodeError`` with a byte position)."""
+    data = file.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{what} {str(file)!r} is not UTF-8 text (line {line}: byte {data[error.start]:#04x}, {error.reason}); "
+            "save it as UTF-8, e.g. iconv -f ENCODING -t utf-8 FILE > NEW with ENCODING the one it was written in "
+            "(such as latin1)"
+        ) from None
 
 
 def build_peft_config(values: dict[str, Any]) -> Any:

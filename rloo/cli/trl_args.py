@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from rloo.cli.run_file import annotation_text
+from rloo.cli.run_file import annotation_text, utf8_text
 from rloo.config import RLOOConfig
 from rloo.config.fields import default_value, trl_name
 from rloo.config.grpo_names import GRPO_NAMES
@@ -250,7 +250,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ValueError(f"--config {path!r}: no such file; give a YAML file of TRL flags (model_name_or_path: ...)")
     try:
-        values = yaml.safe_load(file.read_text()) or {}
+        values = yaml.safe_load(utf8_text(file, "--config")) or {}
     except yaml.YAMLError as error:
         raise ValueError(f"--config {path!r} is not valid YAML: {error}") from None
     if not isinstance(values, dict):

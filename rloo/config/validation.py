@@ -80,6 +80,10 @@ _KINDS = {
 }
 
 
+# what each entry of a container field holds (``reward_weights=["a", 1.0]`` would fail at the first reward sum)
+_ELEMENT_KINDS = {"FloatList": "float", "FloatPair": "float", "NameList": "str"}
+
+
 def declared_annotation(cls: type, name: str) -> str:
     """Field ``name``'s annotation as written in its class body. Not ``Field.type``: transformers'
     HfArgumentParser (TRL's TrlParser) rewrites that in place, to the resolved type without ``| None``."""
@@ -98,10 +102,21 @@ def _check_types(config: RLOOConfig) -> None:
         value, annotation = getattr(config, item.name), declared_annotation(type(config), item.name)
         if value is None and "None" in annotation:
             continue
-        kind = annotation.replace(" | None", "").split("[")[0].strip()
-        kind = CONTAINER_KINDS.get(kind, kind)
+        alias = annotation.replace(" | None", "").split("[")[0].strip()
+        kind = CONTAINER_KINDS.get(alias, alias)
         if kind in _KINDS and not _KINDS[kind](value):
             raise fail(item.name, value, f"expects {shown_type(annotation)}, got a {type(value).__name__}")
+        element = _ELEMENT_KINDS.get(alias)
+        if element is None:
+            continue
+        for position, entry in enumerate(value):
+            if not _KINDS[element](entry):
+                raise fail(
+                    item.name,
+                    value,
+                    f"expects {shown_type(annotation)}, but entry {position} is {entry!r} (a {type(entry).__name__}): "
+                    f"give {'a number' if element == 'float' else 'a name'} there",
+                )
 
 
 def _check_finite(config: RLOOConfig) -> None:
@@ -172,7 +187,15 @@ def _check_algorithm(config: RLOOConfig) -> None:
 
 
 def _check_off_policy(config: RLOOConfig) -> None:
-    """Sampling with older weights (max_staleness) and the off-policy sequence mask."""
+    """Sampling with older weights (max_staleness), the off-policy sequence mask, and how several rewards combine."""
+    from rloo.algo.advantages import MULTI_OBJECTIVE_AGGREGATIONS
+
+    if config.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+        raise fail(
+            "multi_objective_aggregation",
+            config.multi_objective_aggregation,
+            f"choose one of {list(MULTI_OBJECTIVE_AGGREGATIONS)} (TRL's names)",
+        )
     if config.max_staleness < 0:
         raise fail("max_staleness", config.max_staleness, "must be >= 0 optimizer steps (0: the synchronous loop)")
     if config.max_staleness > 0 and config.use_vllm:
@@ -218,6 +241,15 @@ def _check_clip_range(config: RLOOConfig) -> None:
 
 
 def _check_optimizer(config: RLOOConfig) -> None:
+    # torch's AdamW refuses these only when the optimizer is built, naming no field
+    if not 0 <= config.adam_beta1 < 1:
+        raise fail("adam_beta1", config.adam_beta1, "must be in [0, 1) (AdamW's gradient-mean decay; 0.9 is typical)")
+    if not 0 <= config.adam_beta2 < 1:
+        raise fail(
+            "adam_beta2", config.adam_beta2, "must be in [0, 1) (AdamW's squared-gradient decay; 0.999 is typical)"
+        )
+    if not config.adam_epsilon >= 0:
+        raise fail("adam_epsilon", config.adam_epsilon, "must be >= 0 (added to AdamW's denominator; 1e-8 is typical)")
     if config.optim not in OPTIMIZERS:
         raise fail("optim", config.optim, f"choose one of {list(OPTIMIZERS)}{did_you_mean(config.optim, OPTIMIZERS)}")
     if config.optim_args is not None:

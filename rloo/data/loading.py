@@ -15,6 +15,7 @@ Where we depart from TRL:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -34,7 +35,9 @@ _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # ---------------------------------------------------------------------------- loading
 
 
-def load_prompt_dataset(data: Any, split: str = "train", name: str | None = None) -> datasets.Dataset:
+def load_prompt_dataset(
+    data: Any, split: str = "train", name: str | None = None, key: str = "dataset"
+) -> datasets.Dataset:
     """Load prompts from any accepted source and check that every row is usable.
 
     Args:
@@ -44,14 +47,16 @@ def load_prompt_dataset(data: Any, split: str = "train", name: str | None = None
         split: the split taken from a ``DatasetDict`` or the hub. A single file always loads
             as one split.
         name: the hub dataset's configuration (e.g. ``"main"`` for GSM8K).
+        key: what the messages call it (``dataset``, ``eval_dataset``, ``eval_dataset['hard']``):
+            :func:`validate_prompt_dataset`.
 
     Raises:
         ValueError: unsupported ``data``, a missing split, an empty dataset, no ``prompt``
             column, or a row whose prompt is invalid (the first bad row is named).
         FileNotFoundError: ``data`` is a path that does not exist.
     """
-    dataset = load_dataset(data, split, name)
-    validate_prompt_dataset(dataset)
+    dataset = load_dataset(data, split, name, key)
+    validate_prompt_dataset(dataset, key)
     return dataset
 
 
@@ -86,12 +91,12 @@ def load_eval_sets(eval_dataset: Any) -> EvalSets:
     if isinstance(eval_dataset, dict):
         if not eval_dataset:
             raise ValueError("eval_dataset is an empty dict; give one dataset, or a dict of named ones")
-        return {str(name): _one_eval_set(data) for name, data in eval_dataset.items()}
+        return {str(name): _one_eval_set(data, f"eval_dataset[{str(name)!r}]") for name, data in eval_dataset.items()}
     return _one_eval_set(eval_dataset)
 
 
-def _one_eval_set(eval_dataset: Any) -> datasets.Dataset:
-    return load_prompt_dataset(eval_dataset)
+def _one_eval_set(eval_dataset: Any, key: str = "eval_dataset") -> datasets.Dataset:
+    return load_prompt_dataset(eval_dataset, key=key)
 
 
 def eval_rows(eval_set: datasets.Dataset | datasets.IterableDataset) -> datasets.Dataset:
@@ -99,7 +104,7 @@ def eval_rows(eval_set: datasets.Dataset | datasets.IterableDataset) -> datasets
     loop reads it; an endless stream never ends: give ``stream.take(n)``), its prompts checked."""
     if not isinstance(eval_set, datasets.IterableDataset):
         return eval_set
-    rows = datasets.Dataset.from_list(list(eval_set))
+    rows = load_dataset(list(eval_set), key="eval_dataset")  # mixed prompts named before Arrow rejects them
     validate_prompt_dataset(rows, "eval_dataset")
     return rows
 
@@ -120,8 +125,9 @@ def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[s
     return list(next(iter(dataset), {}).keys())
 
 
-def load_dataset(data: Any, split: str = "train", name: str | None = None) -> datasets.Dataset:
-    """Like :func:`load_prompt_dataset`, without the ``prompt`` column checks (for renames first).
+def load_dataset(data: Any, split: str = "train", name: str | None = None, key: str = "dataset") -> datasets.Dataset:
+    """Like :func:`load_prompt_dataset`, without the ``prompt`` column checks (for renames first;
+    ``key``: what a message about a list of rows calls it).
 
     A string or path that exists is read locally; one that does not and looks like a hub id
     (no suffix, not absolute) is loaded from the hub. A streaming ``IterableDataset`` is
@@ -134,7 +140,7 @@ def load_dataset(data: Any, split: str = "train", name: str | None = None) -> da
     if isinstance(data, list) and all(isinstance(row, dict) for row in data):
         # check prompts before Arrow does: it rejects mixed types with messages naming no row
         if all(PROMPT_COLUMN in row for row in data):
-            check_prompts([row[PROMPT_COLUMN] for row in data])
+            check_prompts([row[PROMPT_COLUMN] for row in data], key)
         try:
             return datasets.Dataset.from_list(data)
         except (TypeError, ValueError, ArithmeticError) as error:  # pyarrow's errors derive from these
@@ -198,6 +204,8 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
         raise ValueError(f"cannot load prompts from a {path.suffix or 'suffix-less'} file; give {ACCEPTED_DATA}")
     if path.stat().st_size == 0:
         raise ValueError(f"prompt data file {str(path)!r} is empty; give a file with one prompt per row")
+    if builder == "json":
+        check_utf8(path)
     try:
         loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:  # malformed JSON lines, an empty file, a broken parquet file
@@ -209,15 +217,33 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
     return _one_split(loaded, split, f"{str(path)!r}, a single file,")
 
 
+def check_utf8(path: Path) -> None:
+    """A ``ValueError`` naming the file and the first line that is not UTF-8 (JSON files must be; pyarrow
+    would otherwise fail on the first read of that row with a bare ``UnicodeDecodeError``, or, for
+    UTF-16, a JSON parse error). Read line by line, so a large file is never held whole."""
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"prompt data file {str(path)!r} is not UTF-8 text (line {number}, byte {error.start + 1} of "
+                    f"the line: {line[error.start]:#04x}, {error.reason}); save it as UTF-8, e.g. iconv -f ENCODING "
+                    "-t utf-8 FILE > NEW with ENCODING the one it was written in (such as latin1 or utf-16)"
+                ) from None
+
+
 # ---------------------------------------------------------------------------- validation
 
 
 def validate_prompt_dataset(dataset: datasets.Dataset, key: str = "dataset") -> None:
-    """Raise ``ValueError`` if ``dataset`` is empty, has no ``prompt`` column or a bad prompt.
+    """Raise ``ValueError`` if ``dataset`` is empty, has no ``prompt`` column or a bad prompt, or
+    mixes text and conversational prompts.
 
     All rows are checked; the message names the first bad one and how many are bad. A streaming
     dataset is checked for its ``prompt`` column only (where its features are known). ``key``: the
-    run-file key (``dataset``, ``eval_dataset``) or option (``--column``) a rename goes under.
+    run-file key (``dataset``, ``eval_dataset``, a named eval set ``eval_dataset['hard']``) or option
+    (``--column``) a rename goes under; a message about an eval set names it (:func:`dataset_name`).
     """
     if isinstance(dataset, datasets.IterableDataset):
         names = dataset.column_names
@@ -225,10 +251,16 @@ def validate_prompt_dataset(dataset: datasets.Dataset, key: str = "dataset") -> 
             raise missing_prompt_column(list(names), key)
         return
     if len(dataset) == 0:
-        raise ValueError("the prompt dataset is empty")
+        raise ValueError("the prompt dataset is empty" + ("" if dataset_name(key) == "dataset" else f" ({key})"))
     if PROMPT_COLUMN not in dataset.column_names:
         raise missing_prompt_column(dataset.column_names, key)
-    check_prompts(dataset[PROMPT_COLUMN])
+    check_prompts(dataset[PROMPT_COLUMN], key)
+
+
+def dataset_name(key: str) -> str:
+    """What a message calls the dataset of ``key``: ``dataset`` (the train set, or ``rloo eval``'s
+    ``--column`` option), else the key (``eval_dataset``, ``eval_dataset['hard']``)."""
+    return "dataset" if key.startswith("--") else key
 
 
 # where prompts are most often stored, for the rename a missing `prompt` column suggests
@@ -239,25 +271,48 @@ def missing_prompt_column(columns: list[str], key: str = "dataset") -> ValueErro
     """No ``prompt`` column: the columns, and the rename in Python and on the command line
     (``rloo eval --column old=prompt`` for ``key="--column"``, else the run file's ``key.columns``)."""
     old = next((name for name in PROMPT_LIKE_COLUMNS if name in columns), columns[0] if columns else "question")
+    name, run_key = dataset_name(key), key.split("[")[0]  # a named eval set is renamed under eval_dataset
     if key.startswith("--"):
         command_line = f"{key} {old}=prompt on the command line"
     else:
         command_line = (
-            f"'{key}.columns={{{old}: prompt}}' on rloo train's command line (in a run file: "
-            f"`columns: {{{old}: prompt}}` under `{key}:`)"
+            f"'{run_key}.columns={{{old}: prompt}}' on rloo train's command line (in a run file: "
+            f"`columns: {{{old}: prompt}}` under `{run_key}:`)"
         )
     return ValueError(
-        f"dataset has no `prompt` column (columns: {', '.join(columns)}); rename the prompt column to `prompt`: "
-        f"{command_line}, or dataset.rename_column({old!r}, 'prompt') in Python"
+        f"{name} has no `prompt` column (columns: {', '.join(columns)}); rename the prompt column to `prompt`: "
+        f"{command_line}, or {name}.rename_column({old!r}, 'prompt') in Python"
     )
 
 
-def check_prompts(prompts: list[Any]) -> None:
-    """Raise ``ValueError`` naming the first bad prompt's row and how many rows are bad."""
+def check_prompts(prompts: Sequence[Any], key: str = "dataset") -> None:
+    """Raise ``ValueError`` naming the first bad prompt's row and how many rows are bad, or the first
+    row whose kind (text or conversation) differs from row 0's: a batch is rendered as one kind.
+    ``key``: the dataset named, where it is not the train set (:func:`dataset_name`)."""
+    of = "" if dataset_name(key) == "dataset" else f" of {key}"
     bad = [(index, problem) for index, prompt in enumerate(prompts) if (problem := prompt_problem(prompt))]
     if bad:
         index, problem = bad[0]
-        raise ValueError(f"invalid prompt in row {index}: {problem} ({len(bad)} of {len(prompts)} rows are invalid)")
+        raise ValueError(
+            f"invalid prompt in row {index}{of}: {problem} ({len(bad)} of {len(prompts)} rows are invalid)"
+        )
+    first = isinstance(prompts[0], str) if len(prompts) else True
+    differ = [index for index, prompt in enumerate(prompts) if isinstance(prompt, str) != first]
+    if differ:
+        raise mixed_prompts_error(
+            first, differ[0], f"the `prompt` column{of}", f" ({len(differ)} of {len(prompts)} rows differ from row 0)"
+        )
+
+
+def mixed_prompts_error(first_is_text: bool, row: int, where: str, count: str = "", first_row: int = 0) -> ValueError:
+    """Row ``first_row`` (0) is text and ``row`` a conversation, or the other way round: one kind per dataset."""
+    kinds = ("text (a str)", "a conversation (a list of messages)")
+    first, other = kinds if first_is_text else kinds[::-1]
+    return ValueError(
+        f"{where} mixes text and conversational prompts: row {first_row} is {first} but row {row} is {other}{count}; "
+        'give every row the same kind: a text prompt becomes [{"role": "user", "content": text}] as a '
+        "conversation (rendered with the chat template), or make every prompt text"
+    )
 
 
 def prompt_problem(prompt: Any) -> str | None:

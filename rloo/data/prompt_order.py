@@ -132,6 +132,7 @@ class StreamedRows:
         self.seed, self.shuffle = seed, shuffle
         self.dataset = dataset.shuffle(seed=seed, buffer_size=buffer_size) if shuffle else dataset
         self._epoch, self._position = 0, 0
+        self._first: tuple[int, bool] | None = None  # the first row drawn and whether it is text: all must match
         self._rows = self._epoch_rows(0)
 
     @property
@@ -148,7 +149,7 @@ class StreamedRows:
         return rows
 
     def next_rows(self, n: int) -> list[dict[str, Any]]:
-        from rloo.data.loading import PROMPT_COLUMN, prompt_problem
+        from rloo.data.loading import PROMPT_COLUMN, mixed_prompts_error, prompt_problem
 
         out: list[dict[str, Any]] = []
         while len(out) < n:
@@ -162,6 +163,12 @@ class StreamedRows:
             problem = prompt_problem(row.get(PROMPT_COLUMN)) if PROMPT_COLUMN in row else "it has no `prompt` column"
             if problem is not None:
                 raise ValueError(f"invalid prompt in row {self._position} of the streaming train_dataset: {problem}")
+            is_text = isinstance(row[PROMPT_COLUMN], str)
+            if self._first is None:
+                self._first = (self._position, is_text)
+            elif is_text != self._first[1]:
+                where = "the `prompt` column of the streaming train_dataset"
+                raise mixed_prompts_error(self._first[1], self._position, where, first_row=self._first[0])
             self._position += 1
             out.append(row)
         return out
