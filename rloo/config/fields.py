@@ -265,7 +265,9 @@ class RLOOFields:
         trl="reward_clip_range",
     )
     reward_timeout: float | None = option(
-        None, "Seconds a reward call may take, > 0; past it the call failed (see reward_error_policy). None: no limit."
+        None,
+        "Seconds a reward call may take, > 0; past it the call failed (see reward_error_policy). None: no limit, "
+        "with a warning when a call has run 60 s (then 120 s, 240 s, ...).",
     )
     reward_error_policy: str = option(
         "raise",

@@ -81,14 +81,35 @@ class RewardFunctionError(RuntimeError):
 ERROR_POLICIES = ("raise", "skip")
 
 
+WATCH_AFTER = 60.0  # seconds a reward call runs before the watchdog says so (then again at 2x, 4x, ...)
+
+
 @dataclass(frozen=True)
 class CallPolicy:
     """How reward functions are called: ``timeout`` seconds per call (None: no limit), and what a
     failure does: ``raise`` (stop with :class:`RewardFunctionError`) or ``skip`` (that function's
-    scores of the batch become "does not apply", counted in ``failed_counts``)."""
+    scores of the batch become "does not apply", counted in ``failed_counts``).
+
+    The watchdog: without a ``timeout``, a call still running after ``watch_after`` seconds (then 2x, 4x,
+    ...) is reported through ``warn`` (the console and ``warnings.log``), naming the function and
+    ``reward_timeout``: a hung function never blocks a run silently, and a slow one is not cut off."""
 
     timeout: float | None = None
     on_error: str = "raise"
+    watch_after: float | None = WATCH_AFTER
+    warn: Callable[[str], None] | None = None
+
+    def watching(self) -> bool:
+        return self.timeout is None and self.watch_after is not None and self.warn is not None
+
+    def report(self, name: str, n: int, seconds: float) -> None:
+        """The watchdog's warning about ``name``, running for ``seconds`` on ``n`` completions."""
+        assert self.warn is not None
+        self.warn(
+            f"reward function `{name}` has run for {seconds:.3g} s on a batch of {n} completions and not returned; "
+            "the run waits for it. If it hangs, set reward_timeout (seconds per call) to stop such a call, and "
+            "reward_error_policy='skip' to go on without its scores"
+        )
 
 
 @dataclass(frozen=True)
@@ -139,9 +160,19 @@ def compute_rewards(
     async_positions = [i for i, f in enumerate(funcs) if is_async_reward_func(f)]
     for i, func in enumerate(funcs):
         if i not in async_positions:
-            results[i] = _call_sync(func, names[i], n, arguments_for(func, kwargs), policy.timeout)
+            results[i] = _call_sync(func, names[i], n, arguments_for(func, kwargs), policy)
     async_funcs = [funcs[i] for i in async_positions]
-    gathered = _run_async(async_funcs, [arguments_for(f, kwargs) for f in async_funcs], policy.timeout)
+    watch = None
+    if policy.watching():
+        watch = functools.partial(policy.report, n=n)
+    gathered = _run_async(
+        async_funcs,
+        [arguments_for(f, kwargs) for f in async_funcs],
+        policy.timeout,
+        watch=watch,
+        names=[names[i] for i in async_positions],
+        watch_after=policy.watch_after,
+    )
     for i, result in zip(async_positions, gathered, strict=True):
         results[i] = _failure(names[i], n, result, policy.timeout) if isinstance(result, BaseException) else result
     columns_out, failed = [], []
@@ -198,8 +229,9 @@ def _failure(name: str, n: int, error: BaseException, timeout: float | None) -> 
     return failure
 
 
-def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], timeout: float | None) -> Any:
+def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], policy: CallPolicy) -> Any:
     """``func(**kwargs)``, or the :class:`RewardFunctionError` it failed with (returned, not raised)."""
+    timeout = policy.timeout
 
     def call() -> Any:
         result = func(**kwargs)
@@ -212,14 +244,18 @@ def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], time
         return result
 
     try:
-        return call() if timeout is None else _with_timeout(call, timeout)
+        if timeout is not None:
+            return _with_timeout(call, timeout)
+        if policy.watching():
+            assert policy.watch_after is not None
+            return _watched(call, policy.watch_after, lambda seconds: policy.report(name, n, seconds))
+        return call()
     except Exception as error:
         return _failure(name, n, error, timeout)
 
 
-def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
-    """``call()`` in a daemon thread, waited for ``timeout`` seconds: a hung function keeps its
-    thread (Python cannot kill one) but no longer holds the run, nor the interpreter's exit."""
+def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """``call()`` started in a daemon thread; its result or exception lands in the returned box."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -230,18 +266,50 @@ def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
 
     thread = threading.Thread(target=run, daemon=True, name="rloo-reward")
     thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError
+    return thread, box
+
+
+def _outcome(box: dict[str, Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box["result"]
 
 
+def _watched(call: Callable[[], Any], watch_after: float, report: Callable[[float], None]) -> Any:
+    """``call()`` in a daemon thread, waited for without a limit; ``report(seconds)`` after ``watch_after``
+    seconds, then at each doubling, while it runs (from this thread: the console is not thread-safe)."""
+    thread, box = _in_thread(call)
+    waited, wait = 0.0, watch_after
+    while True:
+        thread.join(wait)
+        if not thread.is_alive():
+            return _outcome(box)
+        waited += wait
+        report(waited)
+        wait = waited  # the next report when the time so far has doubled
+
+
+def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
+    """``call()`` in a daemon thread, waited for ``timeout`` seconds: a hung function keeps its
+    thread (Python cannot kill one) but no longer holds the run, nor the interpreter's exit."""
+    thread, box = _in_thread(call)
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError
+    return _outcome(box)
+
+
 def _run_async(
-    funcs: Sequence[Callable[..., Any]], kwargs: Sequence[dict[str, Any]], timeout: float | None
+    funcs: Sequence[Callable[..., Any]],
+    kwargs: Sequence[dict[str, Any]],
+    timeout: float | None,
+    watch: Callable[..., None] | None = None,
+    names: Sequence[str] = (),
+    watch_after: float | None = None,
 ) -> list[Any]:
-    """Await every ``funcs[i](**kwargs[i])`` together in one event loop; exceptions are returned, not raised."""
+    """Await every ``funcs[i](**kwargs[i])`` together in one event loop; exceptions are returned, not raised.
+    ``watch(name, seconds=...)``: the watchdog's report of a call still running after ``watch_after`` seconds
+    (then at each doubling)."""
     if not funcs:
         return []
 
@@ -250,7 +318,21 @@ def _run_async(
         return await asyncio.wait_for(func(**arguments), timeout)
 
     async def gather() -> list[Any]:
-        return await asyncio.gather(*(call(f, a) for f, a in zip(funcs, kwargs, strict=True)), return_exceptions=True)
+        calls = [call(f, a) for f, a in zip(funcs, kwargs, strict=True)]
+        if watch is None or watch_after is None:
+            return await asyncio.gather(*calls, return_exceptions=True)
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        waited, wait = 0.0, watch_after
+        while True:
+            _, pending = await asyncio.wait(tasks, timeout=wait)
+            if not pending:
+                break
+            waited += wait
+            for task, name in zip(tasks, names, strict=True):
+                if task in pending:
+                    watch(name, seconds=waited)
+            wait = waited
+        return [task.exception() or task.result() for task in tasks]
 
     return _run_coroutine(gather)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rloo.config.legacy import reward_funcs_or_reward_model
+from rloo.data.loading import column_names
 from rloo.data.prompts import TokenizedPrompts, encode_prompts
 from rloo.rewards.calling import CallPolicy, RewardFunctions
 from rloo.rewards.resolve import resolve_rewards
@@ -128,12 +129,14 @@ def run_rewards(
     reward_funcs: Any,
     reward_model: Any,
     reward_processing_classes: Any,
-    columns: Sequence[str] | None,
+    dataset: Any,
+    warn: Callable[[str], None] | None = None,
 ) -> RewardFunctions:
     """The run's :class:`RewardFunctions`: TRL's ``reward_funcs`` (or the older ``reward_model``) and, with
     environments, each environment class's ``get_reward`` (weight 1, as TRL), which then makes ``reward_funcs``
-    optional; every function's arguments checked against the dataset ``columns`` (and ``environments``); None:
-    not checked (a ``rollout_func`` adds columns of its own)."""
+    optional; every function's arguments checked against the training ``dataset``'s columns (and
+    ``environments``); None: not checked (a ``rollout_func`` adds columns of its own). ``warn``: where the
+    reward watchdog reports a call that runs long (:class:`rloo.rewards.calling.CallPolicy`)."""
     extra = [] if agent is None or agent.environments is None else agent.environments.rewards()
     funcs = []
     if reward_funcs is not None or reward_model is not None or not extra:
@@ -146,8 +149,11 @@ def run_rewards(
                 "(the environments' get_reward weigh 1 and need none); give one weight per function"
             )
         weights += [1.0] * len(extra)
-    rewards = RewardFunctions([*funcs, *extra], weights, CallPolicy(args.reward_timeout, args.reward_error_policy))
-    if columns is not None:
+    rewards = RewardFunctions(
+        [*funcs, *extra], weights, CallPolicy(args.reward_timeout, args.reward_error_policy, warn=warn)
+    )
+    if dataset is not None:
+        columns = column_names(dataset)
         rewards.check_arguments([*columns, *(["environments"] if agent is not None and agent.environments else [])])
     return rewards
 

@@ -36,7 +36,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import check_trainer_arguments
-from rloo.data.loading import column_names, eval_rows, load_eval_sets, load_train_and_eval
+from rloo.data.loading import eval_rows, load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
@@ -142,8 +142,8 @@ class RLOOTrainer(CallbackMethods):
         self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
         # tools / environments: multi-turn episodes; an environment's get_reward is a reward function
         agent = AgentSettings.from_config(args, tools, environment_factory, lockstep=self.ranks.lockstep)
-        columns = None if rollout_func else column_names(self.train_dataset)  # rollout_func: columns of its own
-        self.rewards = run_rewards(args, agent, reward_funcs, reward_model, reward_processing_classes, columns)
+        rewards = (reward_funcs, reward_model, reward_processing_classes)  # rollout_func: columns of its own
+        self.rewards = run_rewards(args, agent, *rewards, None if rollout_func else self.train_dataset, self.warn)
         self.reward_funcs = self.rewards.funcs  # TRL's attributes
         self.reward_processing_classes = processing_classes(self.rewards.funcs)
 

@@ -463,3 +463,33 @@ def test_rewards_are_combined_over_the_functions_that_did_not_fail() -> None:
     combined = RewardFunctions([broken, length], policy=CallPolicy(on_error="skip")).score(**INPUTS)
     assert combined.scorable.all()
     torch.testing.assert_close(combined.rewards, combined.scores.values[:, 1])
+
+
+# ---------------------------------------------------------------------------- the watchdog
+def test_the_watchdog_reports_a_long_call_without_cutting_it_off() -> None:
+    """No reward_timeout: a call running past watch_after is reported (naming the function and reward_timeout),
+    again when its time has doubled, and its scores are still used when it returns."""
+    reports: list[str] = []
+
+    def slow(completions: list[Any], **kwargs: Any) -> list[float]:
+        time.sleep(0.7)
+        return [1.0] * len(completions)
+
+    async def slow_async(completions: list[Any], **kwargs: Any) -> list[float]:
+        await asyncio.sleep(0.7)
+        return [0.5] * len(completions)
+
+    policy = CallPolicy(watch_after=0.2, warn=reports.append)
+    scores = compute_rewards(
+        [slow, slow_async], prompts=["p"], completions=["c"], completion_ids=[[1]], columns={}, policy=policy
+    )
+    assert scores.values.tolist() == [[1.0, 0.5]]
+    for name in ("slow", "slow_async"):
+        mine = [r for r in reports if f"`{name}`" in r]
+        assert len(mine) >= 2, reports  # after 0.2 s and 0.4 s (then, on a loaded machine, maybe at 0.8 s)
+        assert "has run for 0.2 s" in mine[0] and "has run for 0.4 s" in mine[1] and "set reward_timeout" in mine[0]
+
+
+def test_with_a_timeout_or_no_warn_there_is_no_watchdog() -> None:
+    assert not CallPolicy(timeout=5.0, warn=print).watching()
+    assert not CallPolicy().watching() and CallPolicy(warn=print).watching()

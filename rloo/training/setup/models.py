@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -102,7 +103,39 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
             f"could not load a causal LM from {model!r}: {str(err).strip().rstrip('.')}. Give a local folder "
             "with config.json and weights, or a hub id reachable from this machine."
         ) from err
+    except SafetensorError as err:
+        damaged = damaged_safetensors(model)
+        files = ", ".join(repr(str(file)) for file in damaged) if damaged else f"a .safetensors file of {model!r}"
+        raise ValueError(
+            f"the weights file {files} is damaged (truncated or corrupt: {str(err).strip().rstrip('.')}); "
+            "re-download it (a hub model: delete it from the Hugging Face cache first) or re-save the model "
+            "with save_pretrained"
+        ) from err
     return loaded
+
+
+def damaged_safetensors(model: str) -> list[Path]:
+    """The ``.safetensors`` files of a local model folder (or of a hub id's cached snapshot) whose
+    header safetensors refuses: a file cut short or overwritten. Empty when none is found."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:  # not a hub id, or no cache: the message names the model instead
+            return []
+        if not isinstance(cached, str):
+            return []
+        folder = Path(cached).parent
+    damaged = []
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            damaged.append(file)
+    return damaged
 
 
 def auto_model_class(model: str, trust_remote_code: bool) -> Any:
@@ -151,9 +184,31 @@ def load_processing_class(
     if processor is not None:
         load_tokenizer(model, processor.tokenizer, trust_remote_code)
     result = processor if processor is not None else load_tokenizer(model, processing_class, trust_remote_code)
+    check_vocabulary_fits(policy, processor.tokenizer if processor is not None else result)
     for data in sets:
         check_image_inputs(data, policy, result, args)
     return result
+
+
+def check_vocabulary_fits(policy: nn.Module, tokenizer: Any) -> None:
+    """Refuse a tokenizer with more tokens than the policy's input embeddings have rows (its high
+    ids would index past the table at the first forward). Fewer is normal: padded vocabularies."""
+    get_embeddings = getattr(policy, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    rows = getattr(embeddings, "num_embeddings", None)  # kept when ZeRO-3 or FSDP shard the weight
+    if not isinstance(rows, int) or not hasattr(tokenizer, "__len__") or len(tokenizer) <= rows:
+        return
+    name = str(getattr(getattr(policy, "config", None), "name_or_path", "") or "")
+    model = f"model {name!r}" if name else "model"
+    raise ValueError(
+        f"the tokenizer has {len(tokenizer)} tokens but the {model}'s input embeddings have {rows} rows, so "
+        f"token ids {rows} and above would index past them; resize the embeddings "
+        "(model.resize_token_embeddings(len(tokenizer))) or use the model's own tokenizer"
+    )
+
+
+# the files AutoTokenizer reads a saved tokenizer's settings from
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def load_tokenizer(
@@ -173,8 +228,18 @@ def load_tokenizer(
         source = model if isinstance(model, str) else model.config.name_or_path
         if not source:
             raise ValueError("the model instance has no name_or_path: pass its tokenizer as processing_class")
-        with hub_or_cache(source):
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        try:
+            with hub_or_cache(source):
+                tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except Exception as err:
+            folder = Path(source).expanduser()
+            if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+                raise ValueError(
+                    f"model folder {source!r} has no tokenizer files ({' or '.join(TOKENIZER_FILES)}); pass "
+                    "processing_class= (the tokenizer) or save the tokenizer into the folder "
+                    "(tokenizer.save_pretrained(folder))"
+                ) from err
+            raise
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: set tokenizer.eos_token so completions can end")
     if tokenizer.pad_token_id is None:
