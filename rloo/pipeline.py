@@ -169,8 +169,10 @@ def generate_and_score(
     trainer_state: Any = None,
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     all_done: Callable[[bool], bool] | None = None,
+    sampled: tuple[SampledBatch, float] | None = None,
 ) -> ScoredRollout:
-    """Sample ``settings.num_generations`` completions for each prompt and score them.
+    """Sample ``settings.num_generations`` completions for each prompt and score them (``sampled``: the
+    batch already sampled elsewhere, a rollout worker, and the seconds it took: only scored here).
 
     Args:
         tokenizer: the tokenizer, or a vision-language model's processor (needed for image columns).
@@ -189,40 +191,44 @@ def generate_and_score(
     k = settings.num_generations
     groups = list(range(len(prompts))) if group_ids is None else list(group_ids)
     start = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
-        with autocast():
-            sampled = sample_batch(
-                model,
-                tokenizer,
-                prompts,
-                columns,
-                settings,
-                groups,
-                generator=generator,
-                sampling_seed=sampling_seed,
-                step=getattr(trainer_state, "global_step", 0),
-                all_done=all_done,
-            )
-    finally:
-        model.train(was_training)
+    if sampled is None:
+        was_training = model.training
+        model.eval()
+        try:
+            with autocast():
+                batch = sample_batch(
+                    model,
+                    tokenizer,
+                    prompts,
+                    columns,
+                    settings,
+                    groups,
+                    generator=generator,
+                    sampling_seed=sampling_seed,
+                    step=getattr(trainer_state, "global_step", 0),
+                    all_done=all_done,
+                )
+        finally:
+            model.train(was_training)
+    else:
+        batch, seconds = sampled
+        start -= seconds  # the worker's sampling time
     tokenizer = tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
-    rollout = sampled.rollout
+    rollout = batch.rollout
     if settings.pad_to_multiple_of is not None:
         rollout = pad_to_multiple(rollout, settings.pad_to_multiple_of, tokenizer.pad_token_id)
     generated = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-    episodes = sampled.episodes
+    episodes = batch.episodes
     completions = (
         as_completions(texts, is_conversational(prompts[0])) if episodes is None else [e.messages for e in episodes]
     )
     per_completion = {name: repeat_per_completion(values, k) for name, values in columns.items()}
     scored = rewards.score(
-        prompts=sampled.episode_prompts or repeat_per_completion(prompts, k),
+        prompts=batch.episode_prompts or repeat_per_completion(prompts, k),
         completions=completions,
         completion_ids=rollout.completion_id_lists(),
-        columns={**per_completion, **sampled.columns},
+        columns={**per_completion, **batch.columns},
         trainer_state=trainer_state,
     )
     device = rollout.completion_ids.device
@@ -232,7 +238,7 @@ def generate_and_score(
         prompts=list(prompts),
         completion_texts=texts,
         rewards=scored,
-        num_truncated_prompts=sampled.num_truncated_prompts,
+        num_truncated_prompts=batch.num_truncated_prompts,
         generate_seconds=generated - start,
         score_seconds=time.perf_counter() - generated,
         images=[row_images(columns, i) for i in range(len(prompts))] if image_column(list(columns)) else None,

@@ -122,7 +122,8 @@ def train(
         print(yaml.safe_dump(run_file.to_dict(), sort_keys=False), end="")  # plain: pipe it to a file
         return
     from rloo.cli.run_file import train_from_run_file
-    from rloo.training.checkpointing.checkpoints import latest_checkpoint
+    from rloo.training.checkpointing.checkpoints import ResumeRefused, latest_checkpoint
+    from rloo.training.checkpointing.run_folder import LOG_FILES, earlier_run_files
     from rloo.training.monitoring.signals import TrainingInterrupted
 
     try:
@@ -130,7 +131,10 @@ def train(
             checkpoint = _checkpoint_path(
                 resume_from or run_file.config.resume_from_checkpoint, run_file.config.output_dir
             )
-            trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
+            try:
+                trainer = train_from_run_file(run_file, resume=checkpoint or resume, console=errors)
+            except ResumeRefused as refused:  # in the CLI's words: --resume-from PATH, not resume_from_checkpoint=
+                raise ValueError(refused.cli) from None
         if trainer.ranks.distributed:  # every file is written: skip gloo's teardown at finalization
             from rloo.training.parallel.distributed import exit_process
 
@@ -141,7 +145,17 @@ def train(
         # no output_dir: the fresh folder the trainer claimed is the checkpoint's
         folder = stop.checkpoint.parent if isinstance(stop, TrainingInterrupted) else run_file.config.output_dir
         if folder is None or latest_checkpoint(Path(folder)) is None:
-            errors.print("stopped before any checkpoint was written: nothing to resume from", highlight=False)
+            left = earlier_run_files(Path(folder)) if folder is not None else []
+            replaced = ", ".join(name for name in left if name not in LOG_FILES) or "nothing"
+            again = (
+                f"; start again with rloo train ... overwrite_output_dir=true (it replaces {replaced}; "
+                "the logs are kept renamed)"
+                if left
+                else ""
+            )
+            errors.print(
+                escape(f"stopped before any checkpoint was written: nothing to resume from{again}"), highlight=False
+            )
         else:
             # config.yaml in the run folder records the whole run, overrides included
             command = f"rloo train {Path(folder) / 'config.yaml'} --resume"

@@ -182,6 +182,12 @@ class RLOOFields:
         "corrected with the vllm_importance_sampling_* weights.",
         trl="max_staleness",
     )
+    rollout_workers: int = option(
+        0,
+        "With max_staleness >= 1: 1 samples in a worker process with its own copy of the policy, overlapping "
+        "the trainer's steps (the same batches as 0, in this process); 0 or 1.",
+        trl=None,
+    )
     off_policy_mask_threshold: float | None = option(
         None,
         "Leave out of the policy loss a completion with a negative advantage whose mean per-token KL from the "

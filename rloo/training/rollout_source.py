@@ -50,12 +50,17 @@ class RolloutSource(Protocol):
         """Resume from a checkpoint's :meth:`state`."""
         ...
 
+    def close(self) -> None:
+        """Release what it holds (a worker process) at the end of ``train()``."""
+        ...
+
 
 class SynchronousRollouts:
     """Samples each batch with the current policy, in the trainer's process, when asked.
 
-    ``prompts``: the prompt order (``next_rows(n)``); ``generate(rows, group_ids, model)``: phases 1-2
-    (sample and score) for dataset rows, with ``model`` (None: the policy); every process draws the same
+    ``prompts``: the prompt order (``next_rows(n)``); ``generate(rows, group_ids, model=, sampled=)``: phases
+    1-2 (sample and score) for dataset rows, with ``model`` (None: the policy), or only score the ``sampled``
+    batch (a rollout worker's ``(SampledBatch, seconds)``); every process draws the same
     global batch of ``prompts_per_batch * world_size`` prompts and keeps its share, whole groups each.
     """
 
@@ -78,8 +83,15 @@ class SynchronousRollouts:
         rows, first = self.ranks.shard(world), self.groups_drawn + self.ranks.rank * self.prompts_per_batch
         self.groups_drawn += len(world)
         version, model = self.sampling_weights()
-        scored = self.generate(rows, range(first, first + len(rows)), model)
+        scored = self.generate(rows, range(first, first + len(rows)), model=model)
         return dataclasses.replace(scored, policy_version=version)
+
+    def draw(self) -> tuple[list[dict[str, Any]], list[int]]:
+        """This process's share of the next global batch of prompts, and its group ids."""
+        world = self.prompts.next_rows(self.prompts_per_batch * self.ranks.world_size)
+        rows, first = self.ranks.shard(world), self.groups_drawn + self.ranks.rank * self.prompts_per_batch
+        self.groups_drawn += len(world)
+        return rows, list(range(first, first + len(rows)))
 
     def sampling_weights(self) -> tuple[int, nn.Module | None]:
         """The version that samples the next batch, and its model (None: the policy itself)."""
@@ -94,6 +106,9 @@ class SynchronousRollouts:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state`'s dict."""
+
+    def close(self) -> None:
+        """Nothing to release: it samples in this process."""
 
 
 class PipelinedRollouts(SynchronousRollouts):
@@ -150,19 +165,108 @@ class PipelinedRollouts(SynchronousRollouts):
         self.versions.update({int(v): weights for v, weights in state.items()})
 
 
+class WorkerRollouts(PipelinedRollouts):
+    """:class:`PipelinedRollouts` sampled in a worker process (``rollout_workers: 1``), which samples the batch
+    of step t + s while the trainer trains the batch of step t + 1 (:mod:`rloo.training.parallel.rollout_worker`).
+    The requests run ahead of the trainer: their prompts are drawn when asked for, and a checkpoint keeps the
+    ones asked for and not yet trained (with the versions they sample with), so a resumed run asks again."""
+
+    def __init__(self, *, processing_class: Any, settings: Any, seed: int, **pipelined: Any) -> None:
+        super().__init__(**pipelined)
+        self.processing_class, self.settings, self.seed = processing_class, settings, seed
+        self.worker: Any = None
+        self.inflight: dict[int, tuple[list[dict[str, Any]], list[int], int]] = {}  # step -> rows, groups, version
+        self.requested_to: int | None = None
+        self.sent: int | None = None
+        self.resumed_groups: int | None = None
+
+    def next_batch(self) -> ScoredRollout:
+        from rloo.training.parallel.rollout_worker import RolloutWorker
+
+        step = self.policy_version
+        if self.worker is None:
+            self.worker = RolloutWorker(copy.deepcopy(self.policy()).cpu(), self.processing_class, self.settings)
+            self.requested_to, self.sent = step - 1, None
+            if self.resumed_groups is not None:
+                self.groups_drawn = self.resumed_groups
+        self.request_through(step + self.staleness)
+        version, sampled, seconds = self.worker.receive(step)
+        rows, groups, expected = self.inflight.pop(step)
+        if version != expected:
+            raise RuntimeError(
+                f"the rollout worker sampled the batch of step {step} with version {version}, not {expected}"
+            )
+        scored = self.generate(rows, groups, sampled=(sampled, seconds))
+        return dataclasses.replace(scored, policy_version=version)
+
+    def request_through(self, last: int) -> None:
+        """Ask the worker for every batch up to the one of step ``last``, each after its version's weights."""
+        from rloo.data.prompts import columns_of
+
+        assert self.requested_to is not None
+        for step in range(self.requested_to + 1, last + 1):
+            if step not in self.inflight:
+                rows, groups = self.draw()
+                self.inflight[step] = (rows, groups, max(0, step - self.staleness))
+            rows, groups, version = self.inflight[step]
+            if self.sent != version:
+                self.worker.send_weights(version, self.versions[version])
+                self.sent = version
+            self.worker.request(step, [row["prompt"] for row in rows], columns_of(rows), groups, self.seed)
+            self.requested_to = step
+
+    def policy_updated(self, version: int) -> None:
+        super().policy_updated(version)
+        if self.worker is not None:
+            self.request_through(version + self.staleness)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "inflight": dict(self.inflight), "groups_drawn": self.groups_drawn}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.inflight = {int(step): value for step, value in state.pop("inflight", {}).items()}
+        self.resumed_groups = state.pop("groups_drawn", None)
+        super().restore(state)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
 def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
     """``model``'s trainable parameters, copied to the CPU."""
     return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
 
 
-def rollout_source(args: Any, ranks: Ranks, policy: Callable[[], nn.Module], **source: Any) -> SynchronousRollouts:
-    """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1, else synchronous."""
+def rollout_source(
+    args: Any, ranks: Ranks, policy: Callable[[], nn.Module], worker: tuple[Any, Any], **source: Any
+) -> SynchronousRollouts:
+    """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1 (:class:`WorkerRollouts`
+    with ``rollout_workers`` 1: ``worker`` is the processing class and rollout settings it needs), else
+    synchronous."""
     if args.max_staleness == 0:
         return SynchronousRollouts(ranks=ranks, **source)
     if ranks.lockstep:
         raise ValueError(
             f"RLOOConfig.max_staleness={args.max_staleness} with FSDP2-sharded training is not built yet (the "
             "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
+        )
+    if args.rollout_workers:
+        processing_class, settings = worker
+        if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
+            raise ValueError(
+                "RLOOConfig.rollout_workers=1 with a rollout_func or an environment_factory is not built yet (the "
+                "worker would need them in its process); use rollout_workers=0"
+            )
+        return WorkerRollouts(
+            ranks=ranks,
+            policy=policy,
+            staleness=args.max_staleness,
+            processing_class=processing_class,
+            settings=settings,
+            seed=args.seed,
+            **source,
         )
     return PipelinedRollouts(ranks=ranks, policy=policy, staleness=args.max_staleness, **source)
 

@@ -65,11 +65,10 @@ from rloo.training.monitoring.health import Alert, HealthMonitor
 from rloo.training.monitoring.logs import (
     MetricsSink,
     RunWarnings,
-    device_text,
+    announce,
     log_console,
     log_line,
     mean_metrics,
-    run_summary,
     train_summary,
 )
 from rloo.training.monitoring.nonfinite import SKIPPED_STEP
@@ -80,7 +79,7 @@ from rloo.training.parallel.distributed import Ranks, check_engine, eval_seed
 from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.rollout_source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
-from rloo.training.setup.models import count_parameters, load_processing_class, prepare_policy, resolve_mixed_precision
+from rloo.training.setup.models import load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.setup.optimization import prepare_training, total_steps
 from rloo.training.state import TrainerState
 from rloo.training.timing import PhaseTimer
@@ -161,8 +160,9 @@ class RLOOTrainer(CallbackMethods):
             args,
             self.ranks,
             lambda: self.unwrapped_model,
+            (self.processing_class, self.rollout_settings),  # a rollout worker's
             prompts=self.sampler,
-            generate=lambda rows, groups, model: self._scored_rollout(rows, groups, args.seed, model=model),
+            generate=functools.partial(self._scored_rollout, sampling_seed=args.seed),
             prompts_per_batch=args.prompts_per_generation,
         )
         # the full run file when built by ``rloo train``; written as config.yaml
@@ -221,7 +221,7 @@ class RLOOTrainer(CallbackMethods):
         ranks.on_main(lambda: write_run_files(self.output_dir, config_text, self.sink, self.state, resume_path))
         config, name = {**(self.run_config or {}), **args.to_dict()}, args.run_name or self.output_dir.name
         self.trackers.start(config, name, self.output_dir)
-        self._announce()
+        announce(self.console, args, self.accelerator, self.model, self.state.max_steps, ranks)
         self.callback_handler.fire("on_train_begin")
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         start, first_step = time.perf_counter(), self.state.global_step
@@ -236,6 +236,7 @@ class RLOOTrainer(CallbackMethods):
                 self._log(train_summary(self.state, time.perf_counter() - start, steps, per_step))
         finally:
             self.trackers.finish()
+            self.rollouts.close()  # a rollout worker's process
         if signum is not None:
             path = self._save_checkpoint()
             resume = escape(f"rloo train {self.output_dir / 'config.yaml'} --resume")  # user text: no markup
@@ -257,12 +258,6 @@ class RLOOTrainer(CallbackMethods):
     def _stopping(self, signalled: bool = False) -> bool:
         """A signal (``signalled``) or a callback's ``control.should_training_stop`` on any process."""
         return self.ranks.any(signalled or self.callback_handler.control.should_training_stop)
-
-    def _announce(self) -> None:
-        self.console.print(self.args.describe_algorithm())
-        where = device_text(self.accelerator.device, self.accelerator.mixed_precision, self.ranks.lockstep)
-        parameters = count_parameters(self.model)
-        self.console.print(run_summary(self.args, parameters, where, self.state.max_steps, self.ranks.world_size))
 
     # ------------------------------------------------------------------ the step
     def _train_on_next_batch(self) -> None:
@@ -314,8 +309,10 @@ class RLOOTrainer(CallbackMethods):
         sampling_seed: int,
         settings: RolloutSettings | None = None,
         model: Any = None,
+        sampled: Any = None,
     ) -> ScoredRollout:
-        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default; ``model``: the policy's)."""
+        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default; ``model``: the policy's;
+        ``sampled``: a rollout worker's batch, only scored)."""
         return generate_and_score(
             self.unwrapped_model if model is None else model,
             self.processing_class,
@@ -328,6 +325,7 @@ class RLOOTrainer(CallbackMethods):
             trainer_state=self.state,
             autocast=self.accelerator.autocast,
             all_done=self.ranks.all_done,
+            sampled=sampled,
         )
 
     def _optimizer_steps(self, batch: TrainBatch) -> Iterator[list[Tensor]]:

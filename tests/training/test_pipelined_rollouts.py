@@ -31,9 +31,9 @@ def test_each_batch_is_sampled_by_the_weights_of_s_steps_before(tmp_path: Path) 
     after: dict[int, dict[str, torch.Tensor]] = {0: trainable_weights(t.unwrapped_model)}
     original = t.rollouts.generate
 
-    def recording(rows: Any, groups: Any, model: Any) -> Any:
+    def recording(rows: Any, groups: Any, model: Any = None, **more: Any) -> Any:
         seen[t.state.global_step] = {name: p.detach().clone() for name, p in model.named_parameters()}
-        return original(rows, groups, model)
+        return original(rows, groups, model=model, **more)
 
     t.rollouts.generate = recording
     step_callback = t.rollouts.policy_updated
@@ -106,3 +106,45 @@ def test_a_stale_first_batch_trains_like_the_synchronous_one(tmp_path: Path) -> 
 def test_staleness_is_refused_under_fsdp_and_with_vllm(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_staleness=2 is invalid: with use_vllm is not built yet"):
         RLOOConfig(output_dir=str(tmp_path), max_staleness=2, use_vllm=True)
+
+
+# ------------------------------------------------------------------ a rollout worker process (rollout_workers 1)
+def test_a_worker_process_samples_what_the_trainers_process_would(tmp_path: Path) -> None:
+    """The same prompts, groups, seeds and weight versions: the worker's batches train to the same weights as
+    the in-process pipeline's (float rounding of one thread against two aside: compared with a tolerance)."""
+    inline = run(tmp_path / "inline", max_staleness=1)
+    inline.train()
+    worker = run(tmp_path / "worker", max_staleness=1, rollout_workers=1)
+    worker.train()
+    assert not worker.rollouts.worker.process.is_alive()  # closed at the end of train()
+    a, b = params(inline.unwrapped_model), params(worker.unwrapped_model)
+    assert all(torch.allclose(a[name], b[name], atol=1e-5) for name in a)
+    logged = [row["staleness"] for row in worker.state.log_history if "staleness" in row]
+    assert logged == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_a_resumed_worker_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+    """The checkpoint keeps the batches asked of the worker and not yet trained; the resumed run asks again."""
+    straight = run(tmp_path / "straight", max_staleness=2, rollout_workers=1)
+    straight.train()
+    run(tmp_path / "resumed", max_staleness=2, rollout_workers=1, max_steps=2).train()
+    resumed = run(tmp_path / "resumed", max_staleness=2, rollout_workers=1)
+    resumed.train(resume_from_checkpoint=True)
+    a, b = params(straight.unwrapped_model), params(resumed.unwrapped_model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_worker_that_dies_stops_the_run_naming_it(tmp_path: Path) -> None:
+    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=3)
+    real = t.rollouts.request_through
+
+    def kill_then_request(last: int) -> None:
+        real(last)
+        if t.state.global_step == 1:
+            t.rollouts.worker.process.kill()
+
+    t.rollouts.request_through = kill_then_request
+    with pytest.raises(
+        RuntimeError, match=r"the rollout worker \(pid \d+\) died .* resume it from its last checkpoint"
+    ):
+        t.train()

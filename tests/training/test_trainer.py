@@ -352,7 +352,8 @@ def test_evaluate_leaves_the_run_unchanged(tmp_path: Path) -> None:
     first = evaluated.evaluate()
     assert evaluated.state.to_dict() == before
     assert evaluated.evaluate() == first  # its own generator: the same numbers every time
-    assert set(first) == {"eval_loss", "eval_reward", "eval_reward_std", "eval_unscorable", "eval_rewards/frac7/mean"}
+    expected = {"eval_loss", "eval_reward", "eval_reward_std", "eval_unscorable", "eval_rewards/frac7/mean"}
+    assert set(first) == expected | {f"eval_pass@{k}" for k in range(1, 5)}  # K = 4 samples per eval prompt
     plain.train()
     evaluated.train()
     assert evaluated.state.num_groups_seen == plain.state.num_groups_seen

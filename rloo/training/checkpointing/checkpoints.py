@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from rloo.training.checkpointing.manifest import manifest_problem, newest_good_checkpoint, write_manifest
+from rloo.training.checkpointing.manifest import MANIFEST, manifest_problem, newest_good_checkpoint, write_manifest
 from rloo.training.checkpointing.state_files import load_state, save_state
 from rloo.training.monitoring.nonfinite import require_finite_weights
 from rloo.training.parallel.fsdp import (
@@ -247,10 +247,40 @@ def tidy_interrupted_writes(output_dir: Path) -> None:
                 os.replace(path, current)
 
 
+class ResumeRefused(ValueError):
+    """A refused resume, its message in the Python API's words (``resume_from_checkpoint=...``);
+    ``cli``: the same message in ``rloo train``'s (``--resume``, ``--resume-from PATH``)."""
+
+    def __init__(self, message: str, cli: str) -> None:
+        super().__init__(message)
+        self.cli = cli
+
+
+def checkpoint_folders(output_dir: Path) -> list[Path]:
+    """Every ``checkpoint-<step>`` folder in ``output_dir``, complete or not, oldest step first."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))]
+    return [path for _, path in sorted(found) if path.is_dir()]
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What makes ``path`` unfit to resume from (its manifest first: it names any edited, truncated
+    or missing file), or None."""
+    problem = manifest_problem(path)
+    if problem is not None:
+        return problem
+    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
+    missing = [name for name in needed if not (path / name).is_file()]
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
+
+
 def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
     """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder.
 
     First tidies what a killed run may have left in ``output_dir`` (:func:`tidy_interrupted_writes`).
+    A damaged checkpoint is refused naming the damage and the newest intact checkpoint
+    (:class:`ResumeRefused`).
     """
     tidy_interrupted_writes(output_dir)
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -261,33 +291,76 @@ def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: P
             f"{output_dir}), a checkpoint folder such as '{output_dir / 'checkpoint-500'}', or None"
         )
     if resume_from_checkpoint is True:
-        path = latest_checkpoint(output_dir)
-        if path is None:
-            raise ValueError(
-                f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
-                "train without resuming, or pass the checkpoint folder explicitly"
-            )
-        return resolve_resume_path(str(path), output_dir)
-    path = Path(resume_from_checkpoint)
-    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
-    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / needed[1]).is_file():
+        folders = checkpoint_folders(output_dir)  # incomplete ones too: they are damaged, not skipped
+        if not folders:
+            raise _no_checkpoint(output_dir)
+        return _checked(folders[-1], picked=True)
+    return _checked(Path(resume_from_checkpoint), picked=False)
+
+
+def _checked(path: Path, picked: bool) -> Path:
+    """``path`` if it can be resumed from; else :class:`ResumeRefused` naming what is wrong and the
+    newest intact checkpoint beside it. ``picked``: the newest folder of ``output_dir``
+    (``resume_from_checkpoint=True``), not one the user named."""
+    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / f"{TRAINING_STATE}.json").is_file():
         raise ValueError(
             f"{path} was written by an older rloo: its training state is a pickle ({LEGACY_TRAINING_FILE}), "
             "which is not loaded because unpickling can run code. Start a new run from its weights "
             "(model=that folder) instead of resuming"
         )
+    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
     missing = [name for name in needed if not (path / name).is_file()]
-    if missing:
-        raise ValueError(
-            f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint (missing {', '.join(missing)}); "
-            "pick a checkpoint-<step> folder"
+    if missing and not picked and not (path / MANIFEST).is_file():  # a folder named that was never a checkpoint
+        absent = f"is not a complete checkpoint (missing {', '.join(missing)}); pick a checkpoint-<step> folder"
+        good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
+        offer = (
+            ("", "")
+            if good is None
+            else (f", e.g. resume_from_checkpoint={str(good)!r}", f", e.g. rloo train ... --resume-from {good}")
         )
-    problem = manifest_problem(path)
-    if problem is not None:
-        good = newest_good_checkpoint(list_checkpoints(path.parent))
-        instead = f"the newest good checkpoint is {good}: resume from it" if good else "no checkpoint there is intact"
-        raise ValueError(f"checkpoint {path} is damaged: {problem}; {instead} (rloo train ... --resume-from PATH)")
-    return path
+        raise ResumeRefused(
+            f"resume_from_checkpoint={str(path)!r} {absent}{offer[0]}", f"--resume-from {path} {absent}{offer[1]}"
+        )
+    problem = checkpoint_problem(path)  # the manifest first: it names any edited, truncated or missing file
+    if problem is None:
+        return path
+    damaged = f"checkpoint {path} is damaged: {problem}; "
+    good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
+    if good is None:
+        message = damaged + "no checkpoint beside it is intact: start a new run in a new output_dir"
+        raise ResumeRefused(message, message)
+    aside = "damaged checkpoints after it are moved aside (renamed damaged-checkpoint-<step>), never deleted"
+    raise ResumeRefused(
+        f"{damaged}the newest good checkpoint is {good}: resume from it with resume_from_checkpoint={str(good)!r} "
+        f"({aside})",
+        f"{damaged}the newest good checkpoint is {good}: resume from it with rloo train ... --resume-from {good} "
+        f"({aside})",
+    )
+
+
+def _no_checkpoint(output_dir: Path) -> ResumeRefused:
+    """Resuming a folder without checkpoints: the fresh start that works there, and what it replaces."""
+    from rloo.training.checkpointing.run_folder import LOG_FILES, earlier_run_files  # it imports this module
+
+    found = earlier_run_files(output_dir)
+    if not found:  # nothing there: a fresh start works as it is
+        message = (
+            f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
+            "train without resuming, or pass the checkpoint folder explicitly"
+        )
+        return ResumeRefused(message, message)
+    start = f"resuming needs a checkpoint, and {output_dir} has no checkpoint-<step> folder to resume from"
+    replaced = [name for name in found if name not in LOG_FILES]
+    what = f"replaces {', '.join(replaced)}; its " if replaced else "its "
+    holds = f"{start} (it holds {', '.join(found)}: a run that stopped before its first checkpoint)"
+    if "final" in found:  # a finished run's model: never offered for replacement without naming it
+        holds = f"{start} (it holds {', '.join(found)}: a run that finished without checkpoints)"
+    return ResumeRefused(
+        f"{holds}; start afresh with overwrite_output_dir=True and no resume_from_checkpoint ({what}logs are "
+        "kept renamed), or choose a new output_dir",
+        f"{holds}; start afresh with rloo train ... overwrite_output_dir=true (without --resume; {what}logs are "
+        "kept renamed), or choose a new output_dir",
+    )
 
 
 def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

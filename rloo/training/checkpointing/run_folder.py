@@ -5,7 +5,8 @@
   logs are kept under another name and the rest is replaced.
 - Resuming from a checkpoint older than the newest one in the folder would overwrite the
   newer ones (and a later ``resume_from_checkpoint=True`` would pick them): refused unless
-  ``overwrite_output_dir=True``, which removes them first, saying so.
+  ``overwrite_output_dir=True``, which removes them first, saying so. Newer *damaged* ones
+  never block it: they are renamed ``damaged-checkpoint-<step>``, saying so, never deleted.
 
 ``overwrite_output_dir`` is the explicit opt-in, as in transformers.
 """
@@ -19,10 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from rich.markup import escape
 
 from rloo.training.checkpointing.checkpoints import (
     CHECKPOINT_PATTERN,
     STATE_FILE,
+    ResumeRefused,
+    checkpoint_folders,
+    checkpoint_problem,
     list_checkpoints,
     remove_folder,
     resolve_resume_path,
@@ -157,22 +162,45 @@ def prepare_fresh_run(output_dir: Path, overwrite: bool, console: Any) -> None:
 
 def prepare_resume(output_dir: Path, checkpoint: Path, config: dict[str, Any], console: Any) -> None:
     """Refuse a resume that would not continue the checkpoint's run: with other batch-shaping
-    settings, or behind newer checkpoints of ``output_dir`` (removed with ``overwrite_output_dir``).
+    settings, or behind newer intact checkpoints of ``output_dir`` (removed with ``overwrite_output_dir``).
+    Newer damaged checkpoints never block it: they are moved aside (:func:`set_aside`), never deleted.
     ``config``: this run's ``RLOOConfig.to_dict()``."""
     check_same_batch_shape(checkpoint, config)
     overwrite = bool(config["overwrite_output_dir"])
     step = _step(checkpoint)
-    newer = [path for path in list_checkpoints(output_dir) if step is not None and (_step(path) or 0) > step]
+    later = [path for path in checkpoint_folders(output_dir) if step is not None and (_step(path) or 0) > step]
+    damaged = {path: problem for path in later if (problem := checkpoint_problem(path)) is not None}
+    newer = [path for path in later if path not in damaged]
     if newer and not overwrite:
         names = ", ".join(path.name for path in newer)
-        raise ValueError(
+        refusal = (
             f"{output_dir} holds checkpoints newer than {checkpoint.name} ({names}); resuming from it would "
-            "overwrite them. Resume from the newest (resume_from_checkpoint=True), move them away, or set "
-            "overwrite_output_dir=True to delete them (nothing was changed)"
+            "overwrite them. Resume from the newest ({}), move them away, or set overwrite_output_dir={} to delete "
+            "them (nothing was changed)"
+        )
+        raise ResumeRefused(
+            refusal.format("resume_from_checkpoint=True", "True"), refusal.format("rloo train ... --resume", "true")
+        )
+    for path, problem in damaged.items():
+        aside = set_aside(path)
+        console.print(
+            f"moved {path.name} aside to {aside.name}: it is damaged ({escape(problem)}); kept, not resumed from",
+            highlight=False,
         )
     for path in newer:
         remove_folder(path)
         console.print(f"removed {path.name}, newer than {checkpoint.name} (overwrite_output_dir=True)")
+
+
+def set_aside(checkpoint: Path) -> Path:
+    """Rename a damaged ``checkpoint-<step>`` to ``damaged-checkpoint-<step>`` (``-2``, ``-3``... if
+    taken), out of the way of resuming and of the run's next checkpoints; returns the new path."""
+    target, n = checkpoint.with_name(f"damaged-{checkpoint.name}"), 1
+    while target.exists():
+        n += 1
+        target = checkpoint.with_name(f"damaged-{checkpoint.name}-{n}")
+    checkpoint.rename(target)
+    return target
 
 
 # the fields that decide which prompts form a generation batch and how it maps to optimizer steps

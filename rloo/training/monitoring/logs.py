@@ -77,6 +77,15 @@ def device_text(device: Any, mixed_precision: str, sharded: bool) -> str:
     return f"{device} ({precision}{', FSDP2' if sharded else ''})"
 
 
+def announce(console: Any, args: Any, accelerator: Any, model: Any, max_steps: int, ranks: Any) -> None:
+    """The run's first lines: the algorithm's formulas, then the model, the device and the plan of steps."""
+    from rloo.training.setup.models import count_parameters
+
+    console.print(args.describe_algorithm())
+    where = device_text(accelerator.device, accelerator.mixed_precision, ranks.lockstep)
+    console.print(run_summary(args, count_parameters(model), where, max_steps, ranks.world_size))
+
+
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
     """The start-up line: parameters, device, the batch shape (over every process) and the run folder."""
     trainable, total = parameters

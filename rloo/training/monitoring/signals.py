@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import signal
 import sys
 import threading
@@ -20,10 +22,39 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.signum, self.checkpoint, self.exit_code = signum, checkpoint, 128 + signum
 
 
+_exiting = {"quiet": False}
+
+
+def _while_exiting(signum: int, frame: FrameType | None) -> None:
+    """A stop signal once the run has stopped and the process is exiting (its checkpoint, if any, is
+    written): said so, not a ``KeyboardInterrupt`` traceback from an atexit callback; another one
+    ends the process at once, as the signal's default does."""
+    if _exiting["quiet"]:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _exiting["quiet"] = True
+    sys.stderr.write(
+        f"\n{signal.Signals(signum).name} received while exiting: the run has already stopped, exiting "
+        "(send it again to exit at once)\n"
+    )
+
+
+def quiet_until_exit() -> None:
+    """From now until the process exits, stop signals are acknowledged instead of raising
+    (:func:`_while_exiting`): for a process whose run stopped and that is exiting. Main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _while_exiting)
+
+
 class StopRequest:
     """While active, the first Ctrl-C, SIGTERM or SIGHUP (what schedulers send before a kill) asks
     the loop to stop after the current step and says so; a second one interrupts at once.
-    Outside the main thread it does nothing."""
+    Outside the main thread it does nothing. On leaving, the previous handlers come back; after a
+    stop the process's own handler (:func:`quiet_until_exit`) is put back when the process exits
+    (an atexit callback, registered after the others, so it runs before them): a further signal while
+    exiting is acknowledged, never a traceback."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -52,4 +83,7 @@ class StopRequest:
     ) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self._previous and self.requested:  # registered anew: the latest runs first
+            atexit.unregister(quiet_until_exit)
+            atexit.register(quiet_until_exit)
         self._previous = {}
