@@ -8,7 +8,8 @@ the same size; ``max_staleness`` 1 everywhere but the first, so the batches are 
 
 - ``synchronous``: ``max_staleness`` 0, one process, 2 torch threads;
 - ``pipelined, in the trainer``: ``max_staleness`` 1, ``rollout_workers`` 0, one process, 2 threads;
-- ``worker``: ``max_staleness`` 1, ``rollout_workers`` 1: the trainer with 1 thread and the worker with 1.
+- ``worker``: ``max_staleness`` 1, ``rollout_workers`` 1: the trainer with 1 thread and the worker with 1;
+- ``worker, trainer with 2 threads``: the same, the trainer with 2 threads (3 threads on 2 cores).
 
 It prints seconds per step and per 1,000 completions, and the trainer's time in the rollout phase (waiting for
 the worker, or sampling itself) against the rest of the step. A tiny Llama (hidden 256, 4 layers) on the demo's
@@ -35,6 +36,7 @@ SETTINGS = {
     "synchronous": ({"max_staleness": 0}, 2),
     "pipelined, in the trainer": ({"max_staleness": 1}, 2),
     "worker": ({"max_staleness": 1, "rollout_workers": 1}, 1),
+    "worker, trainer with 2 threads": ({"max_staleness": 1, "rollout_workers": 1}, 2),
 }
 
 
