@@ -79,11 +79,9 @@ class SynchronousRollouts:
         self.groups_drawn, self.policy_version = groups_drawn, policy_version
 
     def next_batch(self) -> ScoredRollout:
-        world = self.prompts.next_rows(self.prompts_per_batch * self.ranks.world_size)
-        rows, first = self.ranks.shard(world), self.groups_drawn + self.ranks.rank * self.prompts_per_batch
-        self.groups_drawn += len(world)
+        rows, groups = self.draw()
         version, model = self.sampling_weights()
-        scored = self.generate(rows, range(first, first + len(rows)), model=model)
+        scored = self.generate(rows, groups, model=model)
         return dataclasses.replace(scored, policy_version=version)
 
     def draw(self) -> tuple[list[dict[str, Any]], list[int]]:
@@ -119,8 +117,9 @@ class PipelinedRollouts(SynchronousRollouts):
 
     The sampling model is a copy of the policy (``policy()``) into which each version's trainable weights are
     loaded; the versions are kept on the CPU, the trainable parameters only (a LoRA policy's adapters).
-    Here it samples in the trainer's process, between optimizer steps, so it overlaps nothing yet: it gives
-    the asynchronous loop's semantics (staleness, the off-policy correction, exact resume) in its own right."""
+    It samples in the trainer's process, between optimizer steps, so it overlaps nothing: it gives the
+    asynchronous loop's semantics (staleness, the off-policy correction, exact resume); :class:`WorkerRollouts`
+    samples the same batches in a worker process, overlapping the trainer's steps."""
 
     KEY = "pipelined_rollouts"
 

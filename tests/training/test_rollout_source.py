@@ -66,6 +66,15 @@ class RecordingSource:
     def policy_updated(self, version: int) -> None:
         self.inner.policy_updated(max(0, version - self.lag))
 
+    def state(self) -> dict[str, Any]:
+        return self.inner.state()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.inner.restore(state)
+
+    def close(self) -> None:
+        self.inner.close()
+
 
 def test_the_trainer_takes_its_rollouts_from_the_source_only(tmp_path: Path) -> None:
     t = trainer(tmp_path, max_steps=2)
