@@ -4,7 +4,9 @@ A checkpoint is written into ``output_dir/tmp-checkpoint-<step>`` and renamed to
 ``checkpoint-<step>`` only once complete; ``trainer_state.json`` is written last, and
 :func:`latest_checkpoint` only picks folders that have it. An older checkpoint with the
 same name is moved aside before the rename and deleted after, so a crash at any point
-leaves either the old or the new one whole.
+leaves either the old or the new one whole. A write that fails (a full disk, a folder made
+read-only) removes its ``tmp-`` folder, puts a moved-aside checkpoint back, and raises
+:class:`CheckpointWriteError` naming the run folder, the newest intact checkpoint and the resume.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -172,26 +175,62 @@ def save_checkpoint(
     ``model_state`` when given (a sharded model's full weights: :func:`full_weights`);
     ``training_state`` (optimizer, scheduler, RNG states) goes to JSON + safetensors, which
     loading never executes (:mod:`rloo.training.checkpointing.state_files`).
+
+    A write that fails (a full disk, a folder made read-only) raises :class:`CheckpointWriteError`,
+    leaving the earlier checkpoints as they were and no partial ``checkpoint-<step>``.
     """
-    output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f"tmp-checkpoint-{step}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_pretrained_quietly(model, tmp, model_state)
-    save_pretrained_quietly(tokenizer, tmp)
-    save_state(training_state, tmp, TRAINING_STATE)
-    (tmp / "config.yaml").write_text(config_yaml)
-    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
-    write_manifest(tmp)
-    old = output_dir / f"old-checkpoint-{step}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        remove_folder(old)
-    rotate_checkpoints(output_dir, save_total_limit)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        save_pretrained_quietly(model, tmp, model_state)
+        save_pretrained_quietly(tokenizer, tmp)
+        save_state(training_state, tmp, TRAINING_STATE)
+        (tmp / "config.yaml").write_text(config_yaml)
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+        write_manifest(tmp)
+        old = output_dir / f"old-checkpoint-{step}"
+        if final.exists():
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old.exists() and not final.exists():
+                with contextlib.suppress(OSError):  # else tidy_interrupted_writes puts it back on resume
+                    os.replace(old, final)
+            raise
+        if old.exists():
+            remove_folder(old)
+        rotate_checkpoints(output_dir, save_total_limit)
+    except (OSError, SafetensorError) as error:  # a full disk, a folder made read-only
+        if tmp.exists():  # never a half checkpoint; one left is tidied on resume (it is not named checkpoint-N)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(_write_failed(output_dir, final.name, error)) from error
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (a full disk, a folder made read-only); its message
+    names the run folder, the newest intact checkpoint and how to resume once fixed."""
+
+
+def _write_failed(output_dir: Path, name: str, error: BaseException) -> str:
+    """:class:`CheckpointWriteError`'s message: the cause, what is intact, and the fix."""
+    failed = f"could not write {name} in run folder {output_dir} ({type(error).__name__}: {error})"
+    fix = "free disk space or fix the folder's permissions"
+    good = newest_good_checkpoint(checkpoint_folders(output_dir))
+    if good is None:
+        return (
+            f"{failed}; no earlier checkpoint exists to resume from: {fix}, then start the run again with "
+            "overwrite_output_dir=True (its logs are kept renamed), or choose another output_dir"
+        )
+    return (
+        f"{failed}; the earlier checkpoints are intact (the newest is {good.name}) and nothing written was lost: "
+        f"{fix}, then resume with `rloo train {output_dir / 'config.yaml'} --resume` or "
+        "trainer.train(resume_from_checkpoint=True)"
+    )
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,12 +97,16 @@ def check_same_world_size(checkpoint: Path, world_size: int) -> None:
 
 def write_run_files(output_dir: Path, config_text: str, sink: Any, state: Any, resumed_from: Path | None) -> None:
     """``config.yaml``, and after a resume the logs as of the checkpoint (replayed steps are not
-    logged twice). ``sink``: the run's ``MetricsSink``; ``state``: its ``TrainerState``."""
-    if resumed_from is not None:
-        sink.rewrite(state.log_history)
-        keep_completions_until(output_dir, state.global_step)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(config_text)
+    logged twice). ``sink``: the run's ``MetricsSink``; ``state``: its ``TrainerState``. A folder that
+    cannot be written is a ``ValueError`` naming it (:func:`unwritable`)."""
+    try:
+        if resumed_from is not None:
+            sink.rewrite(state.log_history)
+            keep_completions_until(output_dir, state.global_step)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(config_text)
+    except OSError as error:  # a read-only folder, a parent that cannot be created, a full disk
+        raise unwritable(output_dir, error) from error
 
 
 def write_report(output_dir: Path, warn: Any) -> Path | None:
@@ -133,8 +138,44 @@ def earlier_run_files(output_dir: Path) -> list[str]:
     return found + [name for name in RUN_FILES if (output_dir / name).exists()]
 
 
+def check_run_folder(output_dir: Path) -> None:
+    """Raise ``ValueError`` if ``output_dir`` cannot be a run folder: a file, a path under a file, or
+    in a folder that is not writable (as ``os.access`` reads it: root writes anywhere, so a failing
+    write says it too, :func:`unwritable`). Cheap, and creates nothing."""
+    shown = repr(str(output_dir))
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(
+            f"output_dir {shown} is a file, not a folder: choose a folder for output_dir (a new path or an existing "
+            "folder; nothing was changed)"
+        )
+    existing = output_dir  # the nearest folder that exists: the run creates the rest
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(
+            f"output_dir {shown} cannot be created: {str(existing)!r} is a file, not a folder; choose a folder for "
+            "output_dir elsewhere (nothing was changed)"
+        )
+    if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        where = "is not writable" if existing == output_dir else f"cannot be created: {str(existing)!r} is not writable"
+        raise ValueError(
+            f"output_dir {shown} {where}; choose a writable folder for output_dir, or fix its permissions "
+            "(nothing was changed)"
+        )
+
+
+def unwritable(output_dir: Path, error: OSError) -> ValueError:
+    """The error of a run folder that could not be created or written when the run starts."""
+    return ValueError(
+        f"output_dir {str(output_dir)!r} is not writable ({type(error).__name__}: {error}); choose a writable "
+        "folder for output_dir, or fix its permissions or free disk space"
+    )
+
+
 def check_fresh_run(output_dir: Path, overwrite: bool) -> None:
-    """Raise ``ValueError`` if a fresh run may not start in ``output_dir`` (cheap: no model needed)."""
+    """Raise ``ValueError`` if a fresh run may not start in ``output_dir`` (cheap: no model needed):
+    it is not a usable folder (:func:`check_run_folder`), or it holds an earlier run."""
+    check_run_folder(output_dir)
     found = earlier_run_files(output_dir)
     if found and not overwrite:
         resume = (
