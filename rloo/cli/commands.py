@@ -65,8 +65,8 @@ def _one_line_errors() -> Iterator[None]:
 
 
 # errors whose message already says what happened and what to do, by name (no heavy imports),
-# with their exit codes: a user mistake 2, a failing reward function 1, non-finite training 3
-_NAMED_ERRORS = {"RewardFunctionError": 1, "NonFiniteTrainingError": 3}
+# with their exit codes: a user mistake 2, a failing reward function or checkpoint write 1, non-finite training 3
+_NAMED_ERRORS = {"RewardFunctionError": 1, "NonFiniteTrainingError": 3, "CheckpointWriteError": 1}
 
 
 def _describe(err: Exception) -> tuple[str, int]:

@@ -160,3 +160,14 @@ def test_a_failed_rename_over_a_checkpoint_puts_the_old_one_back(
     assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-2"]
     assert (run / "checkpoint-2" / "manifest.json").read_text() == before
     assert checkpoint_problem(run / "checkpoint-2") is None
+
+
+def test_the_cli_prints_a_failed_checkpoint_write_as_its_own_message() -> None:
+    """No "CheckpointWriteError: ... (rloo --debug ...)" wrapper: the message already says what to do."""
+    from rloo.cli.commands import _describe
+    from rloo.training.checkpointing.checkpoints import CheckpointWriteError
+
+    assert _describe(CheckpointWriteError("could not write checkpoint-4 in runs/x; resume with ...")) == (
+        "could not write checkpoint-4 in runs/x; resume with ...",
+        1,
+    )
