@@ -84,7 +84,7 @@ class RolloutSettings:
     ) -> RolloutSettings:
         """The settings an ``RLOOConfig`` gives (``num_generations``: another K, e.g. for evaluation;
         ``agent``: the run's tools; ``custom``: its rollout_func)."""
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
+        sampling = SamplingParams.from_config(args)
         return cls(
             num_generations or args.num_generations,
             args.max_completion_length,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +26,11 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float | None = None
     repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_config(cls, args: Any) -> SamplingParams:
+        """The sampling knobs of an ``RLOOConfig``."""
+        return cls(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
 
     @property
     def plain(self) -> bool:

@@ -254,8 +254,9 @@ def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], poli
         return _failure(name, n, error, timeout)
 
 
-def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """``call()`` started in a daemon thread; its result or exception lands in the returned box."""
+def in_thread(call: Callable[[], Any], name: str = "rloo-reward") -> tuple[threading.Thread, dict[str, Any]]:
+    """``call()`` started in a daemon thread; its result (``box["result"]``) or exception (``box["error"]``)
+    lands in the returned box. Reward calls and tool calls (:mod:`rloo.tools.calling`) run this way."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -264,7 +265,7 @@ def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any
         except BaseException as error:  # handed to the caller's thread
             box["error"] = error
 
-    thread = threading.Thread(target=run, daemon=True, name="rloo-reward")
+    thread = threading.Thread(target=run, daemon=True, name=name)
     thread.start()
     return thread, box
 
@@ -278,7 +279,7 @@ def _outcome(box: dict[str, Any]) -> Any:
 def _watched(call: Callable[[], Any], watch_after: float, report: Callable[[float], None]) -> Any:
     """``call()`` in a daemon thread, waited for without a limit; ``report(seconds)`` after ``watch_after``
     seconds, then at each doubling, while it runs (from this thread: the console is not thread-safe)."""
-    thread, box = _in_thread(call)
+    thread, box = in_thread(call)
     waited, wait = 0.0, watch_after
     while True:
         thread.join(wait)
@@ -292,7 +293,7 @@ def _watched(call: Callable[[], Any], watch_after: float, report: Callable[[floa
 def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
     """``call()`` in a daemon thread, waited for ``timeout`` seconds: a hung function keeps its
     thread (Python cannot kill one) but no longer holds the run, nor the interpreter's exit."""
-    thread, box = _in_thread(call)
+    thread, box = in_thread(call)
     thread.join(timeout)
     if thread.is_alive():
         raise TimeoutError

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rloo.rewards.calling import in_thread
 
 
 @dataclass(frozen=True)
@@ -85,33 +86,28 @@ def _error(name: str, message: str) -> ToolAnswer:
 
 
 class _Call:
-    """One tool call running in a daemon thread."""
+    """One tool call running in a daemon thread (:func:`rloo.rewards.calling.in_thread`)."""
 
     def __init__(self, name: str, tool: Callable[..., Any], arguments: dict[str, Any]) -> None:
         self.name, self.tool, self.arguments = name, tool, arguments
-        self.box: dict[str, Any] = {}
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"rloo-tool-{name}")
 
     def start(self) -> None:
-        self.thread.start()
+        self.thread, self.box = in_thread(self._run, name=f"rloo-tool-{self.name}")
 
-    def _run(self) -> None:
-        try:
-            result = self.tool(**self.arguments)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_awaited(result))
-            self.box["content"] = str(result)
-        except BaseException as error:  # answered to the model, never raised into the run
-            self.box["error"] = error
+    def _run(self) -> str:
+        result = self.tool(**self.arguments)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        return str(result)  # a str() that raises is a failed call too
 
     def answer(self, deadline: float | None, timeout: float | None) -> ToolAnswer:
         self.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self.thread.is_alive():
             return _error(self.name, f"tool {self.name} did not return within tool_timeout={timeout} s")
-        if "error" in self.box:
+        if "error" in self.box:  # answered to the model, never raised into the run
             error = self.box["error"]
             return _error(self.name, str(error) or type(error).__name__)
-        return ToolAnswer({"role": "tool", "name": self.name, "content": self.box["content"]}, failed=False)
+        return ToolAnswer({"role": "tool", "name": self.name, "content": self.box["result"]}, failed=False)
 
 
 async def _awaited(awaitable: Any) -> Any:

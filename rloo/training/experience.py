@@ -88,7 +88,7 @@ class ExperienceMaker:
     def __post_init__(self) -> None:
         args = self.args
         self.spec = args.algorithm
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
+        sampling = SamplingParams.from_config(args)
         # the sampler's log-probs are another engine's (vLLM) or older weights' (max_staleness): off-policy
         self.off_policy = args.use_vllm or args.max_staleness > 0
         # they are of the scored distribution, log_softmax(logits / T): rloo's sampler's always; vLLM's
