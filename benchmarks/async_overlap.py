@@ -44,16 +44,18 @@ def length_reward(completion_ids: list[list[int]], **_: object) -> list[float]:
     return [len(ids) / 64 for ids in completion_ids]
 
 
-def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path) -> dict[str, float]:
+def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(threads)
     tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(len(tokenizer), hidden_size=256, num_layers=4, tokenizer=tokenizer, seed=0)
+    model = build_tiny_llama(
+        len(tokenizer), hidden_size=size.hidden, num_layers=size.layers, tokenizer=tokenizer, seed=0
+    )
     rows = [{"prompt": f"{a}+{b}="} for a in range(10, 99) for b in range(10, 20)]
     args = RLOOConfig(
         output_dir=str(out),
         num_generations=4,
         per_device_train_batch_size=32,
-        max_completion_length=64,
+        max_completion_length=size.tokens,
         max_steps=steps,
         logging_steps=1,
         save_steps=10_000,
@@ -80,11 +82,19 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=256, help="the Llama's hidden size")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64, help="max_completion_length")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--only", default=",".join(SETTINGS), help="the settings to run, comma-separated")
     options = parser.parse_args()
+    chosen = {name: SETTINGS[name] for name in options.only.split(",")}
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"{device}: Llama hidden {options.hidden}, {options.layers} layers, {options.tokens}-token completions")
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        for i, (name, (knobs, threads)) in enumerate(SETTINGS.items()):
-            results[name] = one_run(knobs, threads, options.steps, Path(folder) / str(i))
+        for i, (name, (knobs, threads)) in enumerate(chosen.items()):
+            results[name] = one_run(knobs, threads, options.steps, Path(folder) / str(i), options)
             print(name, json.dumps({k: round(v, 3) for k, v in results[name].items()}), flush=True)
     base = results["synchronous"]["per_step"]
     print("\n| setting | s / step | s / 1,000 completions | rollout phase s | rest of step s | vs synchronous |")
@@ -94,6 +104,8 @@ def main() -> None:
             f"| {name} | {r['per_step']:.2f} | {r['per_1000_completions']:.1f} | {r['rollout_phase']:.2f} "
             f"| {r['rest_of_step']:.2f} | {base / r['per_step']:.2f}x |"
         )
+    if options.out is not None:
+        options.out.write_text(json.dumps({"device": device, "size": vars(options), "results": results}, default=str))
 
 
 if __name__ == "__main__":

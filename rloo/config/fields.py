@@ -390,6 +390,12 @@ class RLOOFields:
         "MiB, > 0: float32 logits stay under it: the LM head runs in chunks of it (else passes split by rows).",
         trl=None,
     )
+    padding_free: bool = option(
+        True,
+        "Pack a pass's rows end to end (positions restarting per row) where the model's attention keeps them "
+        "apart and it costs fewer FLOPs than padding; False: never. Per pass, by a FLOPs model (README).",
+        trl=None,
+    )
     model_init_kwargs: KeywordMapping | None = option(
         None,
         "Keyword arguments of from_pretrained for a model given by name or path. Weights load in float32 unless "

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from rloo.algo.stats import softmax_entropy
 from rloo.generation.lm_head import chunked_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
-from rloo.generation.shared_prompt import shared_prompt_logprobs
+from rloo.generation.packing import choose_layout, forward_cost, packed_logprobs, packs_rows
+from rloo.generation.shared_prompt import may_share, shared_prompt_logprobs
 
 
 class _SelectiveLogprob(torch.autograd.Function):
@@ -71,6 +72,29 @@ def token_logprobs_and_entropy(
     return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
 
 
+def _laid_out_logprobs(
+    model: nn.Module,
+    rows: tuple[Tensor, Tensor, Tensor, Tensor],
+    score: Any,
+    with_entropy: bool,
+    chunk: int | None,
+    share_prompts: bool,
+    padding_free: bool,
+) -> tuple[Tensor, Tensor | None] | None:
+    """The pass in the layout :func:`rloo.generation.packing.choose_layout` picks: rows packed (where
+    ``padding_free`` and the model allow it and it costs fewer FLOPs), else prompts shared (where
+    ``share_prompts`` allows it); None where the plain pass runs."""
+    prompt_mask, completion_mask = rows[1], rows[3]
+    shared = share_prompts and may_share(model)
+    packed = padding_free and packs_rows(model)
+    choice = choose_layout(prompt_mask, completion_mask, forward_cost(model), shared=shared, packed=packed)
+    if choice.layout == "packed":
+        result = packed_logprobs(model, *rows, choice, score, with_entropy, chunk)
+        if result is not None:
+            return result
+    return shared_prompt_logprobs(model, *rows, score, with_entropy, chunk) if shared else None
+
+
 @dataclass
 class TokenLogprobs:
     """``logprobs``: ``(N, Tc)``; ``entropy``: ``(N, Tc)`` or None."""
@@ -94,6 +118,7 @@ def completion_logprobs(
     chunked_head: bool = True,
     share_prompts: bool = True,
     max_logits_mib: float | None = None,
+    padding_free: bool = False,
 ) -> TokenLogprobs:
     """Per-token log-probs of ``completion_ids`` given the prompts, in one forward pass.
 
@@ -108,7 +133,9 @@ def completion_logprobs(
     there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
     ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it and their
     completions run in length buckets (:mod:`rloo.generation.shared_prompt`), where the model and rows
-    allow it. ``max_logits_mib``: the
+    allow it. ``padding_free`` (with ``chunked_head``): the rows may be packed end to end
+    (:mod:`rloo.generation.packing`), where the model keeps packed rows apart; each pass takes the layout
+    (plain, shared prompts, packed) of the fewest FLOPs. ``max_logits_mib``: the
     chunked head's float32 logits per chunk (None: 64 MiB).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -133,11 +160,11 @@ def completion_logprobs(
         return token_logprobs_and_entropy(logits, ids, temperature, with_entropy, entropy_requires_grad)
 
     chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
-    if chunked_head and share_prompts and vision is None and not with_aux_loss:
-        sharing = (prompt_ids, prompt_mask, completion_ids, completion_mask)
-        shared = shared_prompt_logprobs(model, *sharing, score, with_entropy, chunk)
-        if shared is not None:
-            return TokenLogprobs(*shared)
+    if chunked_head and (share_prompts or padding_free) and vision is None and not with_aux_loss:
+        rows = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        laid_out = _laid_out_logprobs(model, rows, score, with_entropy, chunk, share_prompts, padding_free)
+        if laid_out is not None:
+            return TokenLogprobs(*laid_out)
     fast = None
     if chunked_head:
         fast = chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy, chunk)

@@ -62,6 +62,15 @@ class Rollout:
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
 
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor on ``device`` (a rollout worker's batch crossing processes)."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        tensors = [name for name in fields if isinstance(getattr(self, name), Tensor)]
+        moved: dict[str, Any] = {name: getattr(self, name).to(device) for name in tensors}
+        if self.vision is not None:
+            moved["vision"] = self.vision.to(torch.device(device))
+        return dataclasses.replace(self, **moved)
+
     def completion_id_lists(self) -> list[list[int]]:
         """Each completion's token ids up to and including EOS, without padding."""
         return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]

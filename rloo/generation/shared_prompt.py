@@ -211,6 +211,12 @@ def _unbucket(parts: list[Logprobs], back: Tensor, width: int) -> Logprobs:
     return place([logprobs for logprobs, _ in parts]), place(entropies) if len(entropies) == len(parts) else None
 
 
+def may_share(model: nn.Module) -> bool:
+    """Whether passes of ``model`` may try the shared path (its head chunkable, not found unshareable, no
+    gradient checkpointing in training mode); rows without a repeated prompt still take the plain one."""
+    return chunkable_head(model) is not None and model not in _UNSHARED_MODELS and not _checkpointing(model)
+
+
 def shared_prompt_logprobs(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -226,7 +232,7 @@ def shared_prompt_logprobs(
     None where the plain pass must run."""
     head = chunkable_head(model)
     groups = distinct_prompts(prompt_ids, prompt_mask)
-    if head is None or groups is None or model in _UNSHARED_MODELS or _checkpointing(model):
+    if head is None or groups is None or not may_share(model):
         return None
     first, inverse = groups
     states = _prompt_states(model, head, prompt_ids[first], prompt_mask[first])

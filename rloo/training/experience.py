@@ -127,6 +127,7 @@ class ExperienceMaker:
                 self.ranks.count_everywhere,
                 self.args.max_logits_memory_mb,
                 share_prompts=not self.ranks.lockstep,
+                padding_free=self.args.padding_free and not self.ranks.lockstep,
             )
         return StoredLogprobs(old, reference)
 
@@ -308,4 +309,7 @@ class ExperienceMaker:
             max_rows, count = self.max_rows(rollout), self.ranks.count_everywhere  # lockstep: sharded
             budget, share = self.args.max_logits_memory_mb, not self.ranks.lockstep
             temperature = self.args.temperature
-            return no_grad_logprobs(reference, rollout, temperature, max_rows, self.autocast, count, budget, share)
+            packing = self.args.padding_free and share
+            return no_grad_logprobs(
+                reference, rollout, temperature, max_rows, self.autocast, count, budget, share, packing
+            )

@@ -34,6 +34,13 @@ FIRST_STEP_LOG_RATIO = "first_step/abs_log_ratio"
 # use_vllm: |log p_trainer - log p_vLLM| of the sampled tokens, and the importance weights (TRL's names)
 # the optimizer steps between the weights that sampled a batch and those it trains (max_staleness)
 STALENESS = "staleness"
+# a rollout worker (rollout_workers: 1): the trainer's seconds waiting for the batch, the worker's seconds waiting
+# for its request, the batches asked for and not yet trained, the probe's gap after the weight sync (nats), restarts
+ASYNC_TRAINER_WAIT = "async/trainer_wait_seconds"
+ASYNC_WORKER_IDLE = "async/worker_idle_seconds"
+ASYNC_QUEUE_DEPTH = "async/queue_depth"
+ASYNC_SYNC_GAP = "async/weight_sync_probe_gap"
+ASYNC_RESTARTS = "async/worker_restarts"
 ENGINE_GAP_MEAN = "sampling/sampling_logp_difference/mean"
 ENGINE_GAP_MAX = "sampling/sampling_logp_difference/max"
 IS_RATIO_MIN = "sampling/importance_sampling_ratio/min"

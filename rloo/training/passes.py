@@ -196,13 +196,15 @@ def no_grad_logprobs(
     count_everywhere: Callable[[int], int] | None = None,
     max_logits_mib: float | None = None,
     share_prompts: bool = True,
+    padding_free: bool = False,
 ) -> Tensor:
     """Log-probs of every completion token under ``model``, without gradient: ``(N, Tc)``, 0 where masked.
 
     ``count_everywhere(n)``: the number of passes every process runs (lockstep, FSDP); passes
     beyond this process's own repeat its first and are dropped. ``max_logits_mib``: the chunked
     head's logits per chunk; ``share_prompts``: rows may share a prompt's forward (off in lockstep:
-    it changes the number of forwards, each a collective under FSDP) (:func:`completion_logprobs`)."""
+    it changes the number of forwards, each a collective under FSDP) and ``padding_free``: rows may be packed
+    end to end (:func:`completion_logprobs`)."""
     out = torch.zeros_like(rollout.sampling_logprobs)
     all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
     passes = plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows)
@@ -221,6 +223,7 @@ def no_grad_logprobs(
                 vision=None if rollout.vision is None else rollout.vision.select(rows),
                 share_prompts=share_prompts,
                 max_logits_mib=max_logits_mib,
+                padding_free=padding_free,
             ).logprobs
         if i < len(passes):
             out[rows, : lp.shape[1]] = lp.float()
@@ -238,6 +241,7 @@ def pass_loss(
     aux_loss_coef: float = 0.0,
     max_logits_mib: float | None = None,
     share_prompts: bool = True,
+    padding_free: bool = False,
     fresh_old: bool = False,
 ) -> PassResult:
     """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
@@ -247,7 +251,7 @@ def pass_loss(
     ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
     load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
     adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
-    ``max_logits_mib``, ``share_prompts``: as :func:`no_grad_logprobs` takes them.
+    ``max_logits_mib``, ``share_prompts``, ``padding_free``: as :func:`no_grad_logprobs` takes them.
     ``fresh_old``: the first optimizer step on the batch, where the policy is still the sampling one:
     the current log-probs, detached, are the old ones (ratio exactly 1) rather than the stored ones,
     which a differently shaped pass computed (in bf16 their per-token noise, summed over a sequence,
@@ -266,6 +270,7 @@ def pass_loss(
         vision=rows.vision,
         share_prompts=share_prompts,
         max_logits_mib=max_logits_mib,
+        padding_free=padding_free,
     )
     logprobs = current.logprobs.float()
     assert current.entropy is not None

@@ -292,6 +292,7 @@ class RLOOTrainer(CallbackMethods):
         assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
         batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
         batch.metrics[names.STALENESS] = float(step - scored.policy_version)
+        batch.metrics.update(self.rollouts.metrics())
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
         if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
             self.experience.log_completions(step, scored, batch.advantages)

@@ -129,6 +129,7 @@ class Updater:
                     aux_loss_coef=self.aux_loss_coef,
                     max_logits_mib=args.max_logits_memory_mb,
                     share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
+                    padding_free=args.padding_free and not self.ranks.lockstep,
                     fresh_old=first and batch.old_logprobs is not None,
                 )
             self.accelerator.backward(result.loss * 0.0 if filler else result.loss)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rloo import RLOOConfig
+from rloo.training import rollout_source
 from rloo.training.rollout_source import PipelinedRollouts, SynchronousRollouts, trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
 
@@ -134,17 +135,64 @@ def test_a_resumed_worker_run_equals_an_uninterrupted_one(tmp_path: Path) -> Non
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_a_worker_that_dies_stops_the_run_naming_it(tmp_path: Path) -> None:
-    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=3)
+def kill_worker_at(t: Any, steps: set[int]) -> None:
+    """Kill ``t``'s rollout worker once at each optimizer step of ``steps``, right after it is asked for batches."""
     real = t.rollouts.request_through
 
     def kill_then_request(last: int) -> None:
         real(last)
-        if t.state.global_step == 1:
+        if t.state.global_step in steps:
+            steps.discard(t.state.global_step)
             t.rollouts.worker.process.kill()
 
     t.rollouts.request_through = kill_then_request
-    with pytest.raises(
-        RuntimeError, match=r"the rollout worker \(pid \d+\) died .* resume it from its last checkpoint"
+
+
+def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: Path) -> None:
+    """A new worker is sent the versions still in use and asked for the same batches (seeded per group): the
+    run trains to exactly the weights of a run whose worker never died, and logs the restart. Every batch logs
+    the trainer's wait, the worker's idle time, the queue depth (batches t..t+s asked for) and the probe's gap
+    after the weight sync (float rounding: the sync is right)."""
+    straight = run(tmp_path / "straight", max_staleness=1, rollout_workers=1)
+    straight.train()
+    killed = run(tmp_path / "killed", max_staleness=1, rollout_workers=1)
+    kill_worker_at(killed, {1})
+    with pytest.warns(UserWarning, match=r"the rollout worker \(pid \d+\) died .* starting a new worker"):
+        killed.train()
+    a, b = params(straight.unwrapped_model), params(killed.unwrapped_model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    restarts = [row["async/worker_restarts"] for row in killed.state.log_history if "async/worker_restarts" in row]
+    assert restarts == [0.0, 1.0, 1.0, 1.0]
+    logged = [row for row in straight.state.log_history if "async/queue_depth" in row]
+    assert len(logged) == 4 and all(row["async/queue_depth"] == 2.0 for row in logged)
+    assert all(row["async/trainer_wait_seconds"] >= 0 and row["async/worker_idle_seconds"] >= 0 for row in logged)
+    assert all(0 <= row["async/weight_sync_probe_gap"] < 1e-4 for row in logged)
+
+
+def test_a_worker_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rollout_source, "MAX_WORKER_RESTARTS", 1)
+    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=3)
+    kill_worker_at(t, {1, 2})
+    with (
+        pytest.warns(UserWarning, match="restart 1 of at most 1"),
+        pytest.raises(RuntimeError, match=r"died .* after 1 restarts .* resume it from its last checkpoint"),
     ):
         t.train()
+
+
+def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights of step 2 arrive scaled (a sync gone wrong): the worker's probe disagrees with the trainer's."""
+    from rloo.training.parallel.rollout_worker import RolloutWorker
+
+    real = RolloutWorker.send_weights
+
+    def corrupting(self: Any, version: int, weights: dict[str, torch.Tensor]) -> None:
+        real(self, version, {k: v * 1.5 for k, v in weights.items()} if version == 2 else weights)
+
+    monkeypatch.setattr(RolloutWorker, "send_weights", corrupting)
+    t = run(tmp_path, max_staleness=1, rollout_workers=1)
+    with pytest.raises(RuntimeError, match=r"weight sync check failed for the weights of step 2: .* nats away"):
+        t.train()
+    assert t.state.global_step == 3  # the batches of steps 0-2, sampled by versions 0 and 1, trained

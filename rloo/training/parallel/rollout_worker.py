@@ -4,10 +4,15 @@ The worker is a spawned process holding its own copy of the policy, the tokenize
 the trainer's process keeps the prompt order, the reward functions and the optimizer. They speak through two
 queues (torch's multiprocessing: tensors travel through shared memory):
 
-- ``("weights", version, trainable_weights)``: load them (the trainable parameters: a LoRA policy's adapters);
+- ``("weights", version, trainable_weights)``: load them (the trainable parameters: a LoRA policy's adapters)
+  and score the probe tokens with them (:func:`probe_logprobs`);
 - ``("sample", step, prompts, columns, group_ids, seed)``: sample the batch of ``step`` with the weights loaded
-  last, answered with ``("batch", step, version, SampledBatch, seconds)`` (or ``("error", step, traceback)``);
+  last, answered with ``("batch", step, version, SampledBatch, Answer)`` (or ``("error", step, traceback)``);
 - ``("stop",)``.
+
+The weight-sync check: the trainer scores the same probe tokens with each version's weights when it makes them
+(:meth:`rloo.training.rollout_source.WorkerRollouts.policy_updated`); a batch whose worker scored them more than
+:data:`PROBE_TOLERANCE` apart (the sync did not take, or loaded other weights) stops the run, naming the version.
 
 The pipeline is :class:`rloo.training.rollout_source.PipelinedRollouts`': the batch trained at step t is sampled
 by the weights after step ``max(0, t - s)``. After optimizer step t the trainer sends the weights of step t and
@@ -16,32 +21,72 @@ trainer trained the one before: with s >= 1 the worker is one batch ahead. Every
 group, so the worker samples what the trainer's process would (up to float rounding: the worker computes with
 one thread); the reward functions run in the trainer's process (they need not be picklable).
 
-A worker that dies (killed, out of memory) or raises stops the run with a message naming it and the step; it
-exits by itself when the trainer's process is gone (it checks its parent every second).
+A worker that dies (killed, out of memory) raises :class:`WorkerDied`, on which the rollout source starts a new
+one (it samples the same batches: every completion is seeded by its group); a worker that raises stops the run
+with the traceback. A worker exits by itself when the trainer's process is gone (it checks its parent every
+second). It samples on the policy's device (one GPU shared with the trainer, or the CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import queue
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 POLL_SECONDS = 1.0
+# the probe: fixed token ids whose next-token log-probs the worker and the trainer compare after each sync
+PROBE_LENGTH = 16
+# nats: float32 forwards on two devices or thread counts agree to ~1e-5; a step of training moves them far more
+PROBE_TOLERANCE = 1e-3
+PROBE_TOLERANCE_HALF = 0.05  # bf16/fp16 weights
+
+
+class WorkerDied(RuntimeError):
+    """The worker process is gone (killed, out of memory): a new one can take its place."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A sampled batch's bookkeeping: the seconds it took, the worker's idle seconds waiting for its request,
+    and the log-probs of the probe tokens (:func:`probe_logprobs`) under the weights that sampled it."""
+
+    seconds: float
+    idle: float
+    probe: Tensor
+
+
+def probe_logprobs(model: nn.Module) -> Tensor:
+    """``log p(x_{t+1} | x_<=t)`` of :data:`PROBE_LENGTH` fixed token ids under ``model`` (float32, no gradient,
+    on the CPU): what the weight-sync check compares."""
+    vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
+    device = next(model.parameters()).device
+    ids = (torch.arange(PROBE_LENGTH, device=device) * 7919 + 11) % max(1, vocab - 1) + 1
+    with torch.no_grad():
+        logits = model(input_ids=ids[None], use_cache=False).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[1:, None])[:, 0].cpu()
+
+
+def probe_gap(trainer: Tensor, worker: Tensor) -> float:
+    """The largest gap (nats) between two scorings of the probe."""
+    return float((trainer - worker).abs().max())
 
 
 class RolloutWorker:
     """The trainer's handle on one worker process."""
 
-    def __init__(self, model: torch.nn.Module, processing_class: Any, settings: Any) -> None:
+    def __init__(self, model: torch.nn.Module, processing_class: Any, settings: Any, device: str = "cpu") -> None:
         context = torch.multiprocessing.get_context("spawn")
         self.requests: Any = context.Queue()
         self.results: Any = context.Queue()
-        payload = pickle.dumps((model, processing_class, settings))
+        payload = pickle.dumps((model, processing_class, settings, device))
         self.process = context.Process(
             target=serve, args=(self.requests, self.results, payload, os.getpid()), daemon=True, name="rloo-rollouts"
         )
@@ -55,26 +100,25 @@ class RolloutWorker:
     ) -> None:
         self.requests.put(("sample", step, prompts, columns, groups, seed))
 
-    def receive(self, step: int) -> tuple[int, Any, float]:
-        """``(version, SampledBatch, seconds)`` of the batch of ``step`` (the next answer: they come in order)."""
+    def receive(self, step: int) -> tuple[int, Any, Answer]:
+        """``(version, SampledBatch, Answer)`` of the batch of ``step`` (the next answer: they come in order)."""
         while True:
             try:
                 message = self.results.get(timeout=POLL_SECONDS)
             except (queue.Empty, EOFError, OSError):  # a killed worker can leave its pipe cut mid-message
                 self.process.join(timeout=POLL_SECONDS)
                 if not self.process.is_alive():
-                    raise RuntimeError(
+                    raise WorkerDied(
                         f"the rollout worker (pid {self.process.pid}) died (exit code {self.process.exitcode}) while "
-                        f"sampling the batch of step {step}; the run stops: resume it from its last checkpoint "
-                        "(rloo train ... --resume), with rollout_workers=0 if the worker keeps dying (memory?)"
+                        f"sampling the batch of step {step}"
                     ) from None
                 continue
             if message[0] == "error":
                 raise RuntimeError(f"the rollout worker failed sampling the batch of step {message[1]}:\n{message[2]}")
-            _, answered, version, sampled, seconds = message
+            _, answered, version, sampled, answer = message
             if answered != step:
                 raise RuntimeError(f"the rollout worker answered the batch of step {answered}, expected {step}")
-            return version, sampled, seconds
+            return version, sampled, answer
 
     def close(self) -> None:
         if self.process.is_alive():
@@ -89,17 +133,20 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
     from rloo.pipeline import sample_batch
 
     torch.set_num_threads(1)
-    model, processing_class, settings = pickle.loads(payload)
-    model.eval().requires_grad_(False)
+    model, processing_class, settings, device = pickle.loads(payload)
+    model.to(device).eval().requires_grad_(False)
     parameters = dict(model.named_parameters())
-    version = None
+    version, probe, idle = None, torch.zeros(0), 0.0
     while True:
+        waited = time.perf_counter()
         try:
             message = requests.get(timeout=POLL_SECONDS)
         except queue.Empty:
+            idle += time.perf_counter() - waited
             if os.getppid() != parent:  # the trainer is gone
                 return
             continue
+        idle += time.perf_counter() - waited
         if message[0] == "stop":
             return
         if message[0] == "weights":
@@ -107,6 +154,7 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
             with torch.no_grad():
                 for name, value in weights.items():
                     parameters[name].copy_(value)
+            probe = probe_logprobs(model)
             continue
         _, step, prompts, columns, groups, seed = message
         began = time.perf_counter()
@@ -124,6 +172,8 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
                     step=0,
                     all_done=None,
                 )
-            results.put(("batch", step, version, sampled, time.perf_counter() - began))
+            sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to("cpu"))  # no CUDA handles to share
+            results.put(("batch", step, version, sampled, Answer(time.perf_counter() - began, idle, probe)))
+            idle = 0.0
         except Exception:
             results.put(("error", step, traceback.format_exc()))
