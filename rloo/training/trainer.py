@@ -58,6 +58,7 @@ from rloo.training.checkpointing.run_folder import (
 )
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.metrics import headline_eval_reward
+from rloo.training.monitoring.compute_metrics import resolve_compute_metrics
 from rloo.training.monitoring.evaluation import Evaluation
 from rloo.training.monitoring.grad_variance import GradVarianceProbe
 from rloo.training.monitoring.health import Alert, HealthMonitor
@@ -106,10 +107,13 @@ class RLOOTrainer(CallbackMethods):
         rollout_func: Any = None,
         environment_factory: Any = None,
         reward_model: Any = None,  # TRL's older name for reward_funcs
+        compute_metrics: Any = None,
     ) -> None:
         """TRL's ``RLOOTrainer`` arguments, in TRL's order; ``tools``, ``rollout_func``,
-        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused)."""
+        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused);
+        ``compute_metrics``: task metrics of each evaluation (:mod:`rloo.training.monitoring.compute_metrics`)."""
         check_trainer_arguments(optimizers, quantization_config, tools, rollout_func, environment_factory)
+        self.compute_metrics = resolve_compute_metrics(compute_metrics)  # transformers' attribute: may be set later
         # the config is frozen: what is read here is what config.yaml records
         self.args = args = as_config(args)
         self.spec = args.algorithm
@@ -449,12 +453,12 @@ class RLOOTrainer(CallbackMethods):
 
     # ------------------------------------------------------------------ public helpers
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Mean reward of K sampled completions per eval prompt, pass@k and ``eval_loss`` (TRL's: the objective
-        per eval batch), as ``eval_`` metrics (``eval_<name>_`` for each of a dict of named sets; a streaming set
-        is read to its end); ``eval_dataset``: another set (or dict) than the trainer's. It leaves the trainer
-        state and so the run alone (:class:`Evaluation`)."""
+        """Mean reward of K sampled completions per eval prompt, pass@k, ``eval_loss`` (TRL's: the objective
+        per eval batch) and ``compute_metrics``' task metrics, as ``eval_`` metrics (``eval_<name>_`` for each
+        of a dict of named sets; a streaming set is read to its end); ``eval_dataset``: another set (or dict)
+        than the trainer's. It leaves the trainer state and so the run alone (:class:`Evaluation`)."""
         data = self.eval_dataset if eval_dataset is None else load_eval_sets(eval_dataset)
-        return self.evaluation.run(data, metric_key_prefix)
+        return self.evaluation.run(data, metric_key_prefix, self.compute_metrics)
 
     def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None, **_: Any) -> str:
         """Save the model to ``output_dir/final`` with a model card and upload it to ``hub_model_id``

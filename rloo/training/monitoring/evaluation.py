@@ -3,7 +3,8 @@
 An evaluation draws ``num_generations_eval`` (else ``num_generations``) completions of every eval prompt
 with the run's sampling settings, in batches of ``eval_prompts_per_batch`` prompts spread over the
 processes (:meth:`rloo.training.parallel.distributed.Ranks.map_batches`), and reports the rewards,
-pass@k and ``eval_loss`` (:func:`rloo.training.metrics.eval_metrics`).
+pass@k and ``eval_loss`` (:func:`rloo.training.metrics.eval_metrics`), then the user's task metrics
+(``compute_metrics``: :mod:`rloo.training.monitoring.compute_metrics`) on every process's completions.
 It has its own sampling seed (:func:`rloo.training.parallel.distributed.eval_seed`) and group ids, so it
 leaves the trainer state, and so the run, alone; each completion is seeded on its own, so any number of
 processes and any batch size give the same numbers.
@@ -12,6 +13,7 @@ processes and any batch size give the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +22,15 @@ import torch
 from torch import Tensor
 
 from rloo.data.loading import eval_rows
+from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout
 from rloo.training.metrics import eval_metrics
+from rloo.training.monitoring.compute_metrics import (
+    ComputeMetrics,
+    EvalCompletions,
+    EvalRecords,
+    call_compute_metrics,
+)
 from rloo.training.parallel.distributed import Ranks, eval_seed
 
 
@@ -38,24 +47,35 @@ class Evaluation:
     scored_rollout: Callable[..., ScoredRollout]
     eval_loss: Callable[[ScoredRollout], float]
 
-    def run(self, data: Any, prefix: str = "eval") -> dict[str, float]:
+    def run(self, data: Any, prefix: str = "eval", compute_metrics: ComputeMetrics | None = None) -> dict[str, float]:
         """The ``<prefix>_`` metrics of eval set ``data`` (``<prefix>_<name>_`` for each of a dict of named
-        sets; a streaming set is read to its end)."""
+        sets; a streaming set is read to its end): the reward metrics, then ``compute_metrics``' (called once
+        per set, by the main process, on every process's completions)."""
         if data is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate()")
         if isinstance(data, dict):
-            named = [self.run(sub, f"{prefix}_{name}") for name, sub in data.items()]
+            named = [self.run(sub, f"{prefix}_{name}", compute_metrics) for name, sub in data.items()]
             return {key: value for metrics in named for key, value in metrics.items()}
         dataset, k = eval_rows(data), self.args.num_generations_eval or self.args.num_generations
         settings = dataclasses.replace(self.settings, num_generations=k)
+        keep = compute_metrics is not None  # the completions' texts travel only for the hook
 
-        def score(indices: list[int], batch: int) -> Tensor:
+        def score(indices: list[int], batch: int) -> tuple[Tensor, EvalRecords | None]:
             groups, rows = range(indices[0], indices[-1] + 1), [dataset[i] for i in indices]
             scored = self.scored_rollout(rows, groups, sampling_seed=eval_seed(self.args.seed), settings=settings)
-            return eval_values(scored, self.eval_loss(scored))
+            records = EvalRecords.from_scored(scored, columns_of(rows)) if keep else None
+            return eval_values(scored, self.eval_loss(scored)), records
 
         shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
-        return eval_metrics(torch.cat(shares), self.reward_names, prefix, k)
+        values = torch.cat([part for part, _ in shares])
+        metrics = eval_metrics(values, self.reward_names, prefix, k)
+        if compute_metrics is None:
+            return metrics
+        records = [part for _, part in shares if part is not None]
+        completions = EvalCompletions.from_values(records, values, self.reward_names, k, prefix)
+        # the main process calls it on every process's completions; its error is raised on every process
+        call = functools.partial(call_compute_metrics, compute_metrics, completions, prefix, metrics)
+        return metrics | self.ranks.on_main(call)
 
 
 def eval_values(scored: ScoredRollout, loss: float) -> Tensor:
