@@ -135,6 +135,18 @@ class ScoredRollout:
     images: list[list[Any]] | None = None  # each prompt's images (an image column), else None
     episodes: list[Episode] | None = None  # multi-turn rollouts: each completion's episode record
 
+    def reward_completions(self) -> list[Any]:
+        """The N completions as reward functions received them (:func:`completions_for_rewards`)."""
+        return completions_for_rewards(self.completion_texts, self.prompts, self.episodes)
+
+
+def completions_for_rewards(texts: list[str], prompts: Sequence[Any], episodes: list[Episode] | None) -> list[Any]:
+    """What reward functions (and ``compute_metrics``) receive as ``completions``: the decoded texts, one
+    assistant message each for conversational ``prompts`` (as TRL), or each multi-turn episode's messages."""
+    if episodes is not None:
+        return [episode.messages for episode in episodes]
+    return as_completions(texts, is_conversational(prompts[0]))
+
 
 def encode_batch(
     processing_class: Any, prompts: Sequence[Any], columns: Mapping[str, Sequence[Any]], settings: RolloutSettings
@@ -220,9 +232,7 @@ def generate_and_score(
     generated = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     episodes = batch.episodes
-    completions = (
-        as_completions(texts, is_conversational(prompts[0])) if episodes is None else [e.messages for e in episodes]
-    )
+    completions = completions_for_rewards(texts, prompts, episodes)
     per_completion = {name: repeat_per_completion(values, k) for name, values in columns.items()}
     scored = rewards.score(
         prompts=batch.episode_prompts or repeat_per_completion(prompts, k),

@@ -17,15 +17,13 @@ from typing import Any
 
 import datasets
 import pytest
-import yaml
 from typer.testing import Result
 
 from rloo import RLOOConfig, RLOOTrainer
-from tests.helpers.cli import flat, invoke
+from tests.helpers.cli import DROP, flat, invoke, run_file
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, tiny_reward_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-DROP = object()  # a run_file() value: leave this key out of the run file
 
 
 def assert_usage_error(result: Result, *parts: str) -> str:
@@ -38,30 +36,6 @@ def assert_usage_error(result: Result, *parts: str) -> str:
     for part in parts:
         assert part in message, f"{part!r} not in {message!r}"
     return message
-
-
-def run_file(folder: Path, files: dict[str, Path], **values: Any) -> Path:
-    """Write a tiny run file to ``folder/run.yaml``; ``values`` replace, add or (DROP) remove keys."""
-    run: dict[str, Any] = {
-        "model": str(files["model"]),
-        "dataset": {"path": str(files["data"])},
-        "reward_funcs": ["accuracy"],
-        "num_generations": 2,
-        "per_device_train_batch_size": 4,
-        "max_completion_length": 2,
-        "max_steps": 1,
-        "logging_steps": 1,
-        "save_steps": 1,
-        "output_dir": str(folder / "run"),
-    }
-    for key, value in values.items():
-        if value is DROP:
-            del run[key]
-        else:
-            run[key] = value
-    path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump(run, sort_keys=False))
-    return path
 
 
 def build(tmp_path: Path, **changes: Any) -> RLOOTrainer:
@@ -493,6 +467,24 @@ RUN_FILE_CASES: list[tuple[str, dict[str, Any], list[str], list[str]]] = [
         {"reward_funcs": [{"name": "accuracy", "weight": 2.0}], "reward_weights": [1.0]},
         [],
         ["either as `weight:` in reward_funcs or as `reward_weights`, not both"],
+    ),
+    (
+        "compute-metrics-typo",
+        {"compute_metrics": "tests.helpers.models:answer_metric"},
+        [],
+        ["compute_metrics 'tests.helpers.models:answer_metric': module 'tests.helpers.models' has no attribute"],
+    ),
+    (
+        "compute-metrics-a-number",
+        {"compute_metrics": 5},
+        [],
+        ["`compute_metrics` expects a 'package.module:function' string, got 5"],
+    ),
+    (
+        "compute-metrics-a-reward-name",
+        {},
+        ["compute_metrics=accuracy"],
+        ["compute_metrics 'accuracy' is not an import string: write 'package.module:function'"],
     ),
 ]
 

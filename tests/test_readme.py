@@ -1,4 +1,4 @@
-"""The README's Python example runs as written, on a tiny local model folder."""
+"""The README's Python examples run as written, on a tiny local model folder."""
 
 from __future__ import annotations
 
@@ -24,3 +24,22 @@ def test_quickstart_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     namespace: dict[str, object] = {}
     exec(compile(example, "README.md", "exec"), namespace)
     assert (tmp_path / "runs" / "quickstart" / "model" / "model.safetensors").is_file()
+
+
+def test_the_compute_metrics_example_logs_its_metric(tmp_path: Path) -> None:
+    from textwrap import dedent
+
+    from tests.helpers.models import dataset, trainer
+
+    (block,) = [block for block in python_blocks() if "def compute_metrics" in block]
+    namespace: dict[str, object] = {}
+    exec(compile(dedent(block), "README.md", "exec"), namespace)
+    run = trainer(tmp_path)
+    run.compute_metrics = namespace["compute_metrics"]  # type: ignore[assignment]
+    rows = dataset(3)
+    metrics = run.evaluate(rows)
+    assert 0.0 <= metrics["eval_exact_match"] <= 1.0
+    # by hand on what it computes: the share of completions that are exactly their answer
+    assert namespace["compute_metrics"](  # type: ignore[operator]
+        type("EvalPrediction", (), {"completions": ["1", " 2", "0"], "columns": {"answer": ["1", "2", "3"]}})
+    ) == {"exact_match": 2 / 3}

@@ -65,8 +65,14 @@ def _one_line_errors() -> Iterator[None]:
 
 
 # errors whose message already says what happened and what to do, by name (no heavy imports),
-# with their exit codes: a user mistake 2, a failing reward function or checkpoint write 1, non-finite training 3
-_NAMED_ERRORS = {"RewardFunctionError": 1, "NonFiniteTrainingError": 3, "CheckpointWriteError": 1}
+# with their exit codes: a user mistake 2, a failing reward function, compute_metrics or checkpoint write 1,
+# non-finite training 3
+_NAMED_ERRORS = {
+    "RewardFunctionError": 1,
+    "ComputeMetricsError": 1,
+    "NonFiniteTrainingError": 3,
+    "CheckpointWriteError": 1,
+}
 
 
 def _describe(err: Exception) -> tuple[str, int]:
@@ -197,6 +203,9 @@ def evaluate(
     batch_size: int = typer.Option(64, help="Prompts generated at once."),
     output: Path = typer.Option(None, help="Also write the results as JSON here."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
+    compute_metrics: str = typer.Option(
+        None, help="module:function: task metrics of each decoding's completions \\[default: the run file's]."
+    ),
 ) -> None:
     """Each reward function's score of a model, greedy and sampled (pass@K), scored as in training."""
     from rloo.cli.evaluate import describe_source, eval_inputs, evaluate_model, results_table
@@ -219,6 +228,7 @@ def evaluate(
             name=name,
             as_chat=as_chat,
             system_prompt=system_prompt,
+            compute_metrics=compute_metrics,
         )
         described = describe_source(inputs.source)
         if inputs.on_training_data:
@@ -227,7 +237,7 @@ def evaluate(
                 f"its TRAINING data ({escape(described)}); choose other prompts with --split NAME or --dataset PATH",
                 highlight=False,
             )
-        result = evaluate_model(model, inputs.data, inputs.rewards, inputs.settings)
+        result = evaluate_model(model, inputs.data, inputs.rewards, inputs.settings, inputs.compute_metrics)
     source = {**inputs.source.to_dict(), "training_data": inputs.on_training_data}
     result = {"model": model, "dataset": source, **result}
     title = f"{model} on {described}{' (TRAINING data)' if inputs.on_training_data else ''}"

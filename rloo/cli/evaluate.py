@@ -8,7 +8,8 @@ Each reward function is reported on its own (its mean; for a reward that is 0 or
 completion, the share of 1s and pass@K), beside the combined (weighted) reward and the share of
 completions whose combined reward reaches ``--success-threshold``. That share is called what it
 is, never "accuracy": with a format reward beside an accuracy reward, a model that never answers
-right can pass the threshold on format alone.
+right can pass the threshold on format alone. A ``compute_metrics`` hook (``--compute-metrics``, or
+the run file's) adds task metrics of each decoding's completions, as training's evaluation logs them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class EvalInputs:
     rewards: RewardFunctions
     settings: EvalSettings
     on_training_data: bool = False
+    compute_metrics: Any = None  # the hook (rloo.training.monitoring.compute_metrics), or None
 
 
 def eval_inputs(
@@ -91,13 +93,15 @@ def eval_inputs(
     name: str | None = None,
     as_chat: bool | None = None,
     system_prompt: str | None = None,
+    compute_metrics: str | None = None,
 ) -> EvalInputs:
     """The inputs of ``rloo eval``: a command-line value wins, then the run file's (its eval_dataset,
     else its dataset; its rewards with their weights; its lengths and temperature), then the
     defaults. ``split``, ``columns``, ``limit``, ``name``, ``as_chat`` and ``system_prompt``, given,
-    override the run file's dataset settings."""
+    override the run file's dataset settings; ``compute_metrics`` (an import string) the run file's hook."""
     from rloo.cli.run_file import load_run_file
     from rloo.rewards.resolve import resolve_rewards
+    from rloo.training.monitoring.compute_metrics import resolve_compute_metrics
 
     if limit is not None and limit < 1:
         raise ValueError(f"--limit={limit} is invalid: it must be >= 1 (prompts evaluated)")
@@ -142,7 +146,8 @@ def eval_inputs(
         limits = dataclasses.replace(agent.limits, max_tokens=settings.max_completion_length)
         settings = dataclasses.replace(settings, agent=dataclasses.replace(agent, limits=limits))
     scorers = RewardFunctions(resolve_rewards(specs), weights)
-    return EvalInputs(source.load("--column"), source, scorers, settings, on_training_data)
+    hook = resolve_compute_metrics(compute_metrics or (run.compute_metrics if run is not None else None))
+    return EvalInputs(source.load("--column"), source, scorers, settings, on_training_data, hook)
 
 
 def _first(*values: Any) -> Any:
@@ -156,14 +161,19 @@ def describe_source(source: DatasetSource) -> str:
     return f"{source.path}{name}" if holds_one_split(source.path) else f"{source.path}{name}, split {source.split}"
 
 
-def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: EvalSettings) -> dict[str, Any]:
+def evaluate_model(
+    model: str, data: Any, rewards: RewardFunctions, settings: EvalSettings, compute_metrics: Any = None
+) -> dict[str, Any]:
     """Load a model (folder, checkpoint or hub id) and score its completions on ``data``.
 
     The combined reward is the weighted sum over the reward functions that apply (NaN where
     none does), as in training. ``greedy`` and ``sampled`` hold :func:`summarize`'s numbers;
     ``sampled`` adds pass@K: the share of prompts with at least one success among K samples.
+    With a ``compute_metrics`` hook, each also holds its metrics of that decoding's completions
+    (``compute_metrics``, keys as the hook returned them).
     """
     from rloo.data.prompts import gather_columns
+    from rloo.training.monitoring.compute_metrics import EvalRecords
     from rloo.training.setup.models import load_policy, load_processing_class
 
     policy: Any = load_policy(model, None)
@@ -180,6 +190,7 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
     }
     combined: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}
     scores: dict[str, list[torch.Tensor]] = {name: [] for name in decodings}
+    records: dict[str, list[Any]] = {name: [] for name in decodings}  # compute_metrics' inputs
     with torch.no_grad():
         for start in range(0, len(data), settings.batch_size):
             indices = list(range(start, min(start + settings.batch_size, len(data))))
@@ -190,11 +201,21 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
                 )
                 combined[name].append(scored.rewards.rewards_or_nan().cpu())
                 scores[name].append(scored.rewards.scores.values.cpu())
+                if compute_metrics is not None:
+                    records[name].append(EvalRecords.from_scored(scored, columns))
     grouped = {
         name: (torch.cat(combined[name]).view(-1, size), torch.cat(scores[name]).view(-1, size, len(rewards.names)))
         for name, size in (("greedy", 1), ("sampled", k))
     }
     binary = _binary_rewards(torch.cat([values.flatten(0, 1) for _, values in grouped.values()]))
+    summaries = {
+        name: summarize(total, values, rewards.names, binary, settings.success_threshold)
+        for name, (total, values) in grouped.items()
+    }
+    if compute_metrics is not None:
+        for name, (total, values) in grouped.items():
+            hook_inputs = (records[name], total, values, rewards.names, name)
+            summaries[name]["compute_metrics"] = task_metrics(compute_metrics, *hook_inputs)
     return {
         "model": model,
         "num_prompts": len(data),
@@ -203,11 +224,22 @@ def evaluate_model(model: str, data: Any, rewards: RewardFunctions, settings: Ev
         "success_threshold": settings.success_threshold,
         "reward_functions": rewards.names,
         "reward_weights": rewards.weights.tolist(),
-        **{
-            name: summarize(total, values, rewards.names, binary, settings.success_threshold)
-            for name, (total, values) in grouped.items()
-        },
+        **summaries,
     }
+
+
+def task_metrics(
+    hook: Any, records: list[Any], combined: torch.Tensor, scores: torch.Tensor, names: list[str], decoding: str
+) -> dict[str, float]:
+    """``hook``'s metrics (checked, keys as returned) of one decoding's completions: ``records``, one per
+    batch (:class:`rloo.training.monitoring.compute_metrics.EvalRecords`); ``combined``: ``(P, K)``,
+    ``scores``: ``(P, K, F)`` rewards of the F functions ``names``, as :func:`summarize` takes them. The
+    hook's ``metric_key_prefix`` is the decoding (``greedy`` or ``sampled``)."""
+    from rloo.training.monitoring.compute_metrics import EvalCompletions, call_compute_metrics
+
+    values = torch.cat([combined.reshape(-1, 1), scores.flatten(0, 1)], dim=1)
+    completions = EvalCompletions.from_values(records, values, names, combined.shape[1], decoding)
+    return call_compute_metrics(hook, completions, None)
 
 
 def _binary_rewards(values: torch.Tensor) -> list[bool]:
@@ -266,7 +298,7 @@ def _nanmean(values: torch.Tensor) -> float:
 def results_table(result: dict[str, Any], title: str) -> Any:
     """A ``rich`` table: a row per decoding (greedy, sampled, pass@K), a column per reward function
     (the share of 1s of a 0/1 reward, else the mean), then the combined reward's mean and the share
-    of completions at the threshold."""
+    of completions at the threshold, then one per ``compute_metrics`` metric."""
     from rich.table import Table
 
     names, threshold = result["reward_functions"], result["success_threshold"]
@@ -277,19 +309,26 @@ def results_table(result: dict[str, Any], title: str) -> Any:
         f"(weights {weights}). pass@{result['num_generations']}: share of prompts with a 1, or a combined "
         f"reward >= {threshold:g}, among {result['num_generations']} samples."
     )
+    hooked = list(result["greedy"].get("compute_metrics", {}))
+    if hooked:
+        caption += " (compute_metrics): the hook's metrics of each decoding's completions."
     table = Table(title=title, caption=caption)
     table.add_column("decoding")
     for name, is_binary in zip(names, binary, strict=True):
         table.add_column(f"{name}\n({'% = 1' if is_binary else 'mean'})", justify="right")
     table.add_column("combined\n(mean)", justify="right")
     table.add_column(f"combined reward\n>= {threshold:g}", justify="right")
+    for key in hooked:
+        table.add_column(f"{key}\n(compute_metrics)", justify="right")
 
     def row(summary: dict[str, Any]) -> list[str]:
         cells = [
             f"{entry['fraction_of_ones']:.1%}" if is_binary else f"{entry['mean']:.4f}"
             for entry, is_binary in zip((summary["rewards"][name] for name in names), binary, strict=True)
         ]
-        return [*cells, f"{summary['combined_mean']:.4f}", f"{summary['combined_at_least_threshold']:.1%}"]
+        combined = [f"{summary['combined_mean']:.4f}", f"{summary['combined_at_least_threshold']:.1%}"]
+        task = summary.get("compute_metrics", {})
+        return [*cells, *combined, *(f"{task[key]:.4g}" if key in task else "" for key in hooked)]
 
     table.add_row("greedy", *row(result["greedy"]))
     table.add_row(f"sampled (T={result['temperature']:g})", *row(result["sampled"]))
@@ -297,5 +336,5 @@ def results_table(result: dict[str, Any], title: str) -> Any:
     if pass_at_k is not None:
         cells = [f"{pass_at_k[name]:.1%}" if name in pass_at_k else "" for name in names]
         combined = f"{pass_at_k['combined_at_least_threshold']:.1%}"
-        table.add_row(f"pass@{result['num_generations']}", *cells, "", combined)
+        table.add_row(f"pass@{result['num_generations']}", *cells, "", combined, *([""] * len(hooked)))
     return table

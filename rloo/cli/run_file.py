@@ -9,7 +9,9 @@ A run file holds every :class:`rloo.config.RLOOConfig` field at the top level, p
   folders, or ``{name: ..., weight: ..., <params>}``;
 - ``peft``: ``peft.LoraConfig`` fields (optional);
 - ``tools``: functions the model may call, multi-turn (optional): ``python`` (the sandboxed Python tool)
-  or ``package.module:function`` strings.
+  or ``package.module:function`` strings;
+- ``compute_metrics``: a ``package.module:function`` string (optional): task metrics of each evaluation
+  (:mod:`rloo.training.monitoring.compute_metrics`); ``rloo eval --run-file`` reports them too.
 
 Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 """
@@ -33,7 +35,7 @@ from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
 from rloo.tools.agent import resolve_tools
 
-RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft", "tools")
+RUN_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "peft", "tools", "compute_metrics")
 # the TRL flags that give a required key (rloo.cli.trl_args)
 _TRL_FLAG = {
     "model": "--model_name_or_path",
@@ -158,6 +160,7 @@ class RunFile:
     peft: dict[str, Any] | None
     config: RLOOConfig
     tools: list[str] = dataclasses.field(default_factory=list)
+    compute_metrics: str | None = None  # package.module:function
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved run file, written to ``output_dir/config.yaml``."""
@@ -171,6 +174,7 @@ class RunFile:
             ],
             "peft": self.peft,
             **({"tools": self.tools} if self.tools else {}),
+            **({"compute_metrics": self.compute_metrics} if self.compute_metrics else {}),
             **self.config.to_dict(),
         }
 
@@ -201,6 +205,8 @@ def parse_run(values: dict[str, Any]) -> RunFile:
     tools = values.get("tools") or []
     tools = tools if isinstance(tools, list) else [tools]
     resolve_tools(tools)  # checked now, as the rewards are
+    compute_metrics = values.get("compute_metrics")
+    check_compute_metrics(compute_metrics)
     return RunFile(
         model=values["model"],
         dataset=DatasetSource.parse(values["dataset"], "dataset"),
@@ -211,7 +217,23 @@ def parse_run(values: dict[str, Any]) -> RunFile:
         peft=peft,
         config=build_config(config_values),
         tools=tools,
+        compute_metrics=compute_metrics,
     )
+
+
+def check_compute_metrics(spec: Any) -> None:
+    """A run file's ``compute_metrics``: None or a ``package.module:function`` string that imports (checked
+    before anything loads, so a typo costs no model load)."""
+    from rloo.rewards.resolve import import_callable
+
+    if spec is None:
+        return
+    if not isinstance(spec, str):
+        raise ValueError(
+            f"`compute_metrics` expects a 'package.module:function' string, got {spec!r}; the function takes an "
+            "EvalPrediction of the evaluation completions and returns a dict of metrics"
+        )
+    import_callable(spec, what="compute_metrics")
 
 
 def load_run_file(
@@ -294,6 +316,7 @@ def build_trainer(run_file: RunFile) -> Any:
         eval_dataset=None if run_file.eval_dataset is None else run_file.eval_dataset.load("eval_dataset"),
         peft_config=None if run_file.peft is None else build_peft_config(run_file.peft),
         tools=resolve_tools(run_file.tools),
+        compute_metrics=run_file.compute_metrics,
     )
     trainer.run_config = run_file.to_dict()
     return trainer

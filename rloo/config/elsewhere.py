@@ -19,6 +19,10 @@ _NO_DDP = "rloo wraps no DistributedDataParallel: it all-reduces the gradients i
 _NO_LABELS = (
     "evaluation samples completions and scores them with the reward functions (no labels or predictions); remove it"
 )
+_ONE_METRICS_CALL = (
+    "compute_metrics is called once per evaluation with every eval completion, its prompt, dataset columns and "
+    "rewards (rloo.training.monitoring.compute_metrics); remove it"
+)
 _MAIN_PROCESS = "the main process writes the run folder and prints; the others stay quiet; remove it"
 _TRACKERS = (
     "rloo starts report_to's trackers through accelerate with the run's name; set the tracker's own environment "
@@ -47,15 +51,14 @@ ELSEWHERE: dict[str, str] = {
         (
             "label_names",
             "label_smoothing_factor",
-            "include_for_metrics",
             "prediction_loss_only",
             "eval_do_concat_batches",
             "eval_accumulation_steps",
-            "batch_eval_metrics",
             "eval_use_gather_object",
         ),
         _NO_LABELS,
     ),
+    **dict.fromkeys(("include_for_metrics", "batch_eval_metrics"), _ONE_METRICS_CALL),
     **dict.fromkeys(
         ("do_train", "do_eval", "do_predict"),
         "transformers' example scripts read these, not the trainer: rloo trains when train() is called and "

@@ -48,7 +48,7 @@ def reward_func_names(funcs: Sequence[RewardFunc]) -> list[str]:
     """Each function's ``__name__`` (through ``functools.partial``), repeats suffixed ``_2``, ``_3``."""
     names: list[str] = []
     for func in funcs:
-        base = _func_name(func)
+        base = callable_name(func)
         name, count = base, 1
         while name in names:
             count += 1
@@ -57,7 +57,8 @@ def reward_func_names(funcs: Sequence[RewardFunc]) -> list[str]:
     return names
 
 
-def _func_name(func: Any) -> str:
+def callable_name(func: Any) -> str:
+    """A function's ``__name__`` (through ``functools.partial``), else its class's: the name errors use."""
     while isinstance(func, functools.partial):
         func = func.func
     name = getattr(func, "__name__", None)

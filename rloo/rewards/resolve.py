@@ -145,6 +145,8 @@ def _build(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> Re
 
 def import_callable(spec: str, what: str = "reward") -> Any:
     """The callable a ``package.module:attribute`` string names (``what``: the word errors use)."""
+    if not _IMPORT_STRING.fullmatch(spec):
+        raise ValueError(f"{what} {spec!r} is not an import string: write 'package.module:function'")
     module_name, _, attr_path = spec.partition(":")
     # a module next to the run file is importable without PYTHONPATH=. (as in TRL's CLI)
     if os.getcwd() not in sys.path and "" not in sys.path:

@@ -20,14 +20,12 @@ Departures from TRL are listed in :mod:`rloo.config.rloo_config` and :mod:`rloo.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate.utils import set_seed
 from rich.markup import escape
 from torch import Tensor
@@ -36,7 +34,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import check_trainer_arguments
-from rloo.data.loading import eval_rows, load_eval_sets, load_train_and_eval
+from rloo.data.loading import load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
@@ -59,7 +57,9 @@ from rloo.training.checkpointing.run_folder import (
     write_run_files,
 )
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
-from rloo.training.metrics import eval_metrics, headline_eval_reward
+from rloo.training.metrics import headline_eval_reward
+from rloo.training.monitoring.compute_metrics import resolve_compute_metrics
+from rloo.training.monitoring.evaluation import Evaluation
 from rloo.training.monitoring.grad_variance import GradVarianceProbe
 from rloo.training.monitoring.health import Alert, HealthMonitor
 from rloo.training.monitoring.logs import (
@@ -75,7 +75,7 @@ from rloo.training.monitoring.nonfinite import SKIPPED_STEP
 from rloo.training.monitoring.progress import TrainingProgress
 from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted
 from rloo.training.monitoring.trackers import accelerator_with_trackers
-from rloo.training.parallel.distributed import Ranks, check_engine, eval_seed
+from rloo.training.parallel.distributed import Ranks, check_engine
 from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.rollout_source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
@@ -107,10 +107,13 @@ class RLOOTrainer(CallbackMethods):
         rollout_func: Any = None,
         environment_factory: Any = None,
         reward_model: Any = None,  # TRL's older name for reward_funcs
+        compute_metrics: Any = None,
     ) -> None:
         """TRL's ``RLOOTrainer`` arguments, in TRL's order; ``tools``, ``rollout_func``,
-        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused)."""
+        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused);
+        ``compute_metrics``: task metrics of each evaluation (:mod:`rloo.training.monitoring.compute_metrics`)."""
         check_trainer_arguments(optimizers, quantization_config, tools, rollout_func, environment_factory)
+        self.compute_metrics = resolve_compute_metrics(compute_metrics)  # transformers' attribute: may be set later
         # the config is frozen: what is read here is what config.yaml records
         self.args = args = as_config(args)
         self.spec = args.algorithm
@@ -180,6 +183,14 @@ class RLOOTrainer(CallbackMethods):
             autocast=self.accelerator.autocast,
             warn=self.warn,
             output_dir=self.output_dir,
+        )
+        self.evaluation = Evaluation(
+            args,
+            self.ranks,
+            self.rewards.names,
+            self.rollout_settings,
+            lambda *given, **named: self._scored_rollout(*given, **named),  # late-bound: a test wraps it
+            self.experience.eval_loss,
         )
         self.grad_variance = GradVarianceProbe.for_run(args, self.ranks)  # None: log_grad_variance off
         self.updater = Updater(
@@ -443,29 +454,12 @@ class RLOOTrainer(CallbackMethods):
 
     # ------------------------------------------------------------------ public helpers
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Mean reward of K sampled completions per eval prompt and ``eval_loss`` (TRL's: the objective
-        per eval batch), as ``eval_`` metrics (``eval_<name>_`` for each of a dict of named sets; a streaming
-        set is read to its end); ``eval_dataset``: another set (or dict) than the trainer's.
-        With its own sampling seed and group ids, it leaves the trainer state and so the run alone."""
+        """Mean reward of K sampled completions per eval prompt, pass@k, ``eval_loss`` (TRL's: the objective
+        per eval batch) and ``compute_metrics``' task metrics, as ``eval_`` metrics (``eval_<name>_`` for each
+        of a dict of named sets; a streaming set is read to its end); ``eval_dataset``: another set (or dict)
+        than the trainer's. It leaves the trainer state and so the run alone (:class:`Evaluation`)."""
         data = self.eval_dataset if eval_dataset is None else load_eval_sets(eval_dataset)
-        if data is None:
-            raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate()")
-        if isinstance(data, dict):
-            named = [self.evaluate(sub, f"{metric_key_prefix}_{name}") for name, sub in data.items()]
-            return {key: value for metrics in named for key, value in metrics.items()}
-        dataset, k = eval_rows(data), self.args.num_generations_eval or self.args.num_generations
-        settings = dataclasses.replace(self.rollout_settings, num_generations=k)
-
-        def score(indices: list[int], batch: int) -> Tensor:  # seeded per completion: any batching agrees
-            groups, seed = range(indices[0], indices[-1] + 1), eval_seed(self.args.seed)
-            rows = [dataset[i] for i in indices]
-            scored = self._scored_rollout(rows, groups, sampling_seed=seed, settings=settings)
-            combined = scored.rewards.rewards_or_nan().unsqueeze(1)
-            loss = combined.new_full(combined.shape, self.experience.eval_loss(scored))  # the batch's, per row
-            return torch.cat([combined, scored.rewards.scores.values.to(combined), loss], dim=1).cpu()
-
-        shares = self.ranks.map_batches(score, len(dataset), self.args.eval_prompts_per_batch)
-        return eval_metrics(torch.cat(shares), self.rewards.names, metric_key_prefix, k)
+        return self.evaluation.run(data, metric_key_prefix, self.compute_metrics)
 
     def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None, **_: Any) -> str:
         """Save the model to ``output_dir/final`` with a model card and upload it to ``hub_model_id``

@@ -152,3 +152,44 @@ def eval_options(**values: Any) -> dict[str, Any]:
     defaults: dict[str, Any] = dict(dataset=None, split=None, columns=None, limit=None, rewards=None, weights=None)
     defaults.update(num_generations=None, max_completion_length=None, temperature=None, success_threshold=1.0)
     return {**defaults, "batch_size": 4, "seed": 0, **values}
+
+
+ANSWER_METRICS = "tests.helpers.models:answer_metrics"
+
+
+def test_compute_metrics_reports_task_metrics_of_each_decoding(tmp_path: Path, files: dict[str, Path]) -> None:
+    output = tmp_path / "eval.json"
+    base = ("eval", "--model", files["model"], "--dataset", files["data"], "--limit", "4", "--reward", ONE)
+    options = ("--max-completion-length", "4", "--num-generations", "2", "--reward", "accuracy", "--output", output)
+    result = invoke(*base, *options, "--compute-metrics", ANSWER_METRICS)
+    assert result.exit_code == 0, result.output
+    scores = json.loads(output.read_text())
+    for decoding, completions in (("greedy", 4), ("sampled", 8)):  # 4 prompts x 1, x K = 2
+        task = scores[decoding]["compute_metrics"]
+        assert set(task) == {"answer_rate", "completions_seen", "order_checksum", "reward_mean"}  # keys as returned
+        assert task["completions_seen"] == completions
+        assert task["reward_mean"] == pytest.approx(scores[decoding]["combined_mean"], rel=1e-6)
+    table = results_table(scores, "title")
+    columns = {str(column.header).replace("\n", " "): list(column.cells) for column in table.columns}
+    answer_rate = [f"{scores[d]['compute_metrics']['answer_rate']:.4g}" for d in ("greedy", "sampled")]
+    assert columns["answer_rate (compute_metrics)"] == [*answer_rate, ""]  # no pass@K of it
+    assert "(compute_metrics): the hook's metrics of each decoding's completions" in str(table.caption)
+
+
+def test_a_run_files_compute_metrics_is_used_and_a_failing_one_is_one_line(
+    tmp_path: Path, files: dict[str, Path]
+) -> None:
+    data = {"path": str(files["data"]), "limit": 2}
+    path = write_run_file(tmp_path, files["model"], data, compute_metrics=ANSWER_METRICS)
+    output = tmp_path / "eval.json"
+    result = invoke("eval", "--model", files["model"], "--run-file", path, "--output", output)
+    assert result.exit_code == 0, result.output
+    assert json.loads(output.read_text())["sampled"]["compute_metrics"]["completions_seen"] == 4  # 2 prompts x K = 2
+    # a reward function is no hook: it is called with one EvalPrediction, fails, and is named
+    failed = invoke("eval", "--model", files["model"], "--run-file", path, "--compute-metrics", ONE)
+    assert failed.exit_code == 1
+    assert (
+        "error: compute_metrics `always_one` failed on the 2 completions of 'greedy' (2 prompts x 1): TypeError:"
+        in flat(failed.stderr)
+    )
+    assert "Traceback" not in failed.output

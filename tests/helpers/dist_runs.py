@@ -5,7 +5,9 @@
 advantage normalization off and on (and one ``reinforce_pp`` run, whose baseline is the batch
 mean), each on 8 completions per step over all processes, and has the main process write each
 run's final parameters (``OUT/<case>.safetensors``) and logged metrics (``OUT/<case>.json``; two cases
-measure ``log_grad_variance``, whose ``grad_var/*`` metrics must agree too).
+measure ``log_grad_variance``, whose ``grad_var/*`` metrics must agree too). The evaluating case has a
+``compute_metrics`` hook whose calls each process appends to ``OUT/compute_metrics_calls.txt`` (its rank
+and the completions it got).
 """
 
 from __future__ import annotations
@@ -14,20 +16,21 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from peft import LoraConfig
 from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
 from rloo.algo.losses import AGGREGATION_MODES
-from tests.helpers.models import dataset, frac7, make_model, make_tokenizer, world_config
+from tests.helpers.models import answer_metrics, dataset, frac7, make_model, make_tokenizer, world_config
 
 COMPLETIONS_PER_STEP = 8
 
 CASES = [(mode, normalize, "rloo") for mode in AGGREGATION_MODES for normalize in (False, True)]
 CASES.append(("token_mean", False, "reinforce_pp"))
 # LoRA (the reference is the base model, adapters disabled) and an evaluation every step,
-# sharded over the processes (5 eval prompts: an uneven split)
+# sharded over the processes (5 eval prompts: an uneven split), with a compute_metrics hook
 CASES.append(("token_mean", False, "lora+eval"))
 # each batch sampled by the weights of the step before (max_staleness 1), corrected: the same on 1 and 2 processes
 CASES.append(("token_mean", False, "stale"))
@@ -35,6 +38,17 @@ CASES.append(("token_mean", False, "stale"))
 
 def case_name(mode: str, normalize: bool, estimator: str) -> str:
     return f"{estimator}-{mode}-{'norm' if normalize else 'raw'}"
+
+
+def recording_hook(out: Path) -> Any:
+    """:func:`answer_metrics`, each call recorded in ``out/compute_metrics_calls.txt`` as "RANK N"."""
+
+    def answer_metrics_recorded(eval_pred: Any) -> dict[str, float]:
+        with (out / "compute_metrics_calls.txt").open("a") as calls:
+            calls.write(f"{os.environ.get('RANK', '0')} {len(eval_pred.completions)}\n")
+        return answer_metrics(eval_pred)
+
+    return answer_metrics_recorded
 
 
 def main(out: Path) -> None:
@@ -55,7 +69,11 @@ def main(out: Path) -> None:
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,
         )
-        extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
+        extra = {
+            "peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+            "eval_dataset": dataset(45)[40:],
+            "compute_metrics": recording_hook(out),
+        }
         trainer = RLOOTrainer(
             make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok, **(extra if lora_eval else {})
         )

@@ -104,6 +104,21 @@ def always_one(completions: list[Any], **kwargs: Any) -> list[float]:
     return [1.0] * len(completions)
 
 
+def answer_metrics(eval_pred: Any) -> dict[str, float]:
+    """A ``compute_metrics`` hook (importable as ``tests.helpers.models:answer_metrics``): the share of
+    completions holding their row's ``answer``, how many it saw, a checksum of their order (the position
+    times the length, summed) and the mean combined reward (``eval_reward`` computed from what it got)."""
+    import numpy as np
+
+    completions, answers = eval_pred.completions, eval_pred.columns["answer"]
+    return {
+        "answer_rate": sum(a in c for a, c in zip(answers, completions, strict=True)) / len(completions),
+        "completions_seen": len(completions),
+        "order_checksum": sum(i * len(c) for i, c in enumerate(completions)),
+        "reward_mean": float(np.nanmean(eval_pred.rewards)),
+    }
+
+
 def peaked_tiny_llama(tokenizer: Any) -> Any:
     """A tiny Llama whose weights are re-drawn larger than the init, so next-token
     distributions are peaked and varied: greedy decoding differs per prompt and EOS is reachable."""

@@ -103,7 +103,8 @@ def test_data_parallel_engines_run_unsharded() -> None:
 # ---------------------------------------------------------------------------- the update
 def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) -> None:
     """Every loss aggregation mode, advantage normalization off and on, and a batch-mean baseline
-    (reinforce_pp): same parameters after two steps, same logged metrics (the gradient variance too)."""
+    (reinforce_pp): same parameters after two steps, same logged metrics (the gradient variance too,
+    and the compute_metrics hook's: it got every process's eval completions, in the same order)."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert_ok(python("tests/helpers/dist_runs.py", str(one)))
     assert_ok(torchrun("tests/helpers/dist_runs.py", str(two)))
@@ -113,6 +114,12 @@ def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) ->
         assert_same_metrics(metrics(one / f"{name}.json"), metrics(two / f"{name}.json"))
         if case[2] in ("reinforce_pp", "lora+eval"):  # log_grad_variance: over both processes' groups
             assert all(row["grad_var/groups"] == 4.0 for row in metrics(two / f"{name}.json") if "reward" in row)
+    # an evaluation after each of the 2 steps: one call each, by the main process, on all 5 x K = 2 completions
+    for out in (one, two):
+        assert (out / "compute_metrics_calls.txt").read_text().splitlines() == ["0 10", "0 10"]
+    logged = metrics(two / f"{case_name('token_mean', False, 'lora+eval')}.json")
+    evaluated = [row for row in logged if "eval_reward" in row]
+    assert len(evaluated) == 2 and all(row["eval_completions_seen"] == 10.0 for row in evaluated)
 
 
 # ---------------------------------------------------------------------------- the CLI, end to end
