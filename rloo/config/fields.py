@@ -184,8 +184,8 @@ class RLOOFields:
     )
     rollout_workers: int = option(
         0,
-        "With max_staleness >= 1: 1 samples in a worker process with its own copy of the policy, overlapping "
-        "the trainer's steps (the same batches as 0, in this process); 0 or 1.",
+        "With max_staleness >= 1: worker processes, each with its own copy of the policy, sample shares of each "
+        "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
         trl=None,
     )
     off_policy_mask_threshold: float | None = option(

@@ -198,14 +198,18 @@ def _check_off_policy(config: RLOOConfig) -> None:
         )
     if config.max_staleness < 0:
         raise fail("max_staleness", config.max_staleness, "must be >= 0 optimizer steps (0: the synchronous loop)")
-    if config.rollout_workers not in (0, 1):
-        raise fail("rollout_workers", config.rollout_workers, "0 (sample in the trainer's process) or 1 worker")
+    if isinstance(config.rollout_workers, bool) or not isinstance(config.rollout_workers, int):
+        raise fail("rollout_workers", config.rollout_workers, "an integer: 0 (sample in the trainer's process) or more")
+    if config.rollout_workers < 0:
+        raise fail("rollout_workers", config.rollout_workers, ">= 0 (0: sample in the trainer's process)")
     if config.rollout_workers and config.max_staleness < 1:
-        raise fail("rollout_workers", 1, "a worker samples ahead of the trainer: set max_staleness >= 1 too")
+        raise fail(
+            "rollout_workers", config.rollout_workers, "workers sample ahead of the trainer: set max_staleness >= 1 too"
+        )
     if config.rollout_workers and config.optimizer_steps_per_generation > 1:
         raise fail(
             "rollout_workers",
-            1,
+            config.rollout_workers,
             "with several optimizer steps per generation batch (num_iterations, steps_per_generation) is not built "
             "yet; use rollout_workers=0",
         )

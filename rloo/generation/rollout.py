@@ -81,6 +81,33 @@ def _pad_columns(values: Tensor, width: int, value: float, left: bool) -> Tensor
     return torch.nn.functional.pad(values, (extra, 0) if left else (0, extra), value=value)
 
 
+def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """``parts``' rows in order as one rollout: prompts left-padded and completions right-padded to the widest
+    part (the padding masked, log-probs 0 there). Text rollouts only."""
+    if any(part.vision is not None for part in parts):
+        raise ValueError("rollouts with image inputs cannot be concatenated yet (rollout_workers > 1 with images)")
+    tp = max(part.prompt_ids.shape[1] for part in parts)
+    tc = max(part.completion_ids.shape[1] for part in parts)
+
+    def joined(name: str, width: int, value: float, left: bool) -> Tensor:
+        return torch.cat([_pad_columns(getattr(part, name), width, value, left) for part in parts])
+
+    tool_mask = None
+    if any(part.tool_mask is not None for part in parts):
+        masks = [part.model_mask if part.tool_mask is None else part.tool_mask for part in parts]
+        tool_mask = torch.cat([_pad_columns(mask, tc, 0, left=False) for mask in masks])
+    return Rollout(
+        prompt_ids=joined("prompt_ids", tp, pad_token_id, left=True),
+        prompt_mask=joined("prompt_mask", tp, 0, left=True),
+        completion_ids=joined("completion_ids", tc, pad_token_id, left=False),
+        completion_mask=joined("completion_mask", tc, 0, left=False),
+        truncated=torch.cat([part.truncated for part in parts]),
+        sampling_logprobs=joined("sampling_logprobs", tc, 0, left=False),
+        group_ids=torch.cat([part.group_ids for part in parts]),
+        tool_mask=tool_mask,
+    )
+
+
 def pad_to_multiple(rollout: Rollout, multiple: int, pad_token_id: int) -> Rollout:
     """``rollout`` with prompts left-padded and completions right-padded to a multiple of ``multiple``
     tokens (``pad_to_multiple_of``). The padding is masked, so every sum over tokens is unchanged."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,11 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.pipeline import ScoredRollout
-from rloo.training import metric_names as names
 from rloo.training.parallel.distributed import Ranks
-
-# a run replaces a rollout worker that died at most this many times (then it stops, to resume from a checkpoint)
-MAX_WORKER_RESTARTS = 3
 
 
 class RolloutSource(Protocol):
@@ -178,155 +172,6 @@ class PipelinedRollouts(SynchronousRollouts):
         self.versions.update({int(v): weights for v, weights in state.items()})
 
 
-class WorkerRollouts(PipelinedRollouts):
-    """:class:`PipelinedRollouts` sampled in a worker process (``rollout_workers: 1``), which samples the batch
-    of step t + s while the trainer trains the batch of step t + 1 (:mod:`rloo.training.parallel.rollout_worker`).
-    The requests run ahead of the trainer: their prompts are drawn when asked for, and a checkpoint keeps the
-    ones asked for and not yet trained (with the versions they sample with), so a resumed run asks again.
-
-    Each version's probe log-probs (the trainer's, taken when the version is made) are compared with the
-    worker's after it loads that version: a gap beyond the tolerance stops the run (a resumed run's first s
-    batches, sampled by versions made before the resume, are not checked). A worker that dies is replaced, up
-    to :data:`MAX_WORKER_RESTARTS` times a run: the new one is sent the versions and asked for the same batches."""
-
-    def __init__(self, *, processing_class: Any, settings: Any, seed: int, **pipelined: Any) -> None:
-        super().__init__(**pipelined)
-        self.processing_class, self.settings, self.seed = processing_class, settings, seed
-        self.worker: Any = None
-        self.inflight: dict[int, tuple[list[dict[str, Any]], list[int], int]] = {}  # step -> rows, groups, version
-        self.requested_to: int | None = None
-        self.sent: int | None = None
-        self.resumed_groups: int | None = None
-        self.probes: dict[int, Tensor] = {}  # version -> the trainer's probe log-probs
-        self.restarts = 0
-        self.last_metrics: dict[str, float] = {}
-
-    def start_worker(self, step: int) -> None:
-        from rloo.training.parallel.rollout_worker import RolloutWorker
-
-        policy = self.policy()
-        device = str(next(policy.parameters()).device)
-        self.worker = RolloutWorker(copy.deepcopy(policy).cpu(), self.processing_class, self.settings, device)
-        self.requested_to, self.sent = step - 1, None
-
-    def next_batch(self) -> ScoredRollout:
-        step = self.policy_version
-        if self.worker is None:
-            self.start_worker(step)
-            self.note_probe(step)
-            if self.resumed_groups is not None:
-                self.groups_drawn = self.resumed_groups
-        self.request_through(step + self.staleness)
-        depth, waited = len(self.inflight), time.perf_counter()
-        version, sampled, answer = self.receive(step)
-        wait = time.perf_counter() - waited
-        rows, groups, expected = self.inflight.pop(step)
-        if version != expected:
-            raise RuntimeError(
-                f"the rollout worker sampled the batch of step {step} with version {version}, not {expected}"
-            )
-        self.last_metrics = {
-            names.ASYNC_TRAINER_WAIT: wait,
-            names.ASYNC_WORKER_IDLE: answer.idle,
-            names.ASYNC_QUEUE_DEPTH: float(depth),
-            names.ASYNC_RESTARTS: float(self.restarts),
-            **self.check_sync(version, answer.probe),
-        }
-        device = next(self.policy().parameters()).device
-        moved = dataclasses.replace(sampled, rollout=sampled.rollout.to(device))
-        scored = self.generate(rows, groups, sampled=(moved, answer.seconds))
-        return dataclasses.replace(scored, policy_version=version)
-
-    def receive(self, step: int) -> tuple[int, Any, Any]:
-        """The worker's answer for ``step``, replacing a worker that died (:data:`MAX_WORKER_RESTARTS`)."""
-        from rloo.training.parallel.rollout_worker import WorkerDied
-
-        while True:
-            try:
-                answer: tuple[int, Any, Any] = self.worker.receive(step)
-                return answer
-            except WorkerDied as died:
-                if self.restarts >= MAX_WORKER_RESTARTS:
-                    raise RuntimeError(
-                        f"{died}, after {self.restarts} restarts in this run; the run stops: resume it from its last "
-                        "checkpoint (rloo train ... --resume), with rollout_workers=0 if the worker keeps dying "
-                        "(memory?)"
-                    ) from None
-                self.restarts += 1
-                warnings.warn(
-                    f"{died}; starting a new worker (restart {self.restarts} of at most {MAX_WORKER_RESTARTS}), "
-                    "which samples the same batches",
-                    stacklevel=2,
-                )
-                self.worker.close()
-                self.start_worker(step)
-                self.request_through(step + self.staleness)
-
-    def note_probe(self, version: int) -> None:
-        """The trainer's probe log-probs of ``version`` (the policy holds its weights now)."""
-        from rloo.training.parallel.rollout_worker import probe_logprobs
-
-        self.probes[version] = probe_logprobs(self.policy())
-        for old in [v for v in self.probes if v < version - self.staleness]:
-            del self.probes[old]
-
-    def check_sync(self, version: int, probe: Tensor) -> dict[str, float]:
-        """The probe's gap between the worker and the trainer for ``version``; raises beyond the tolerance."""
-        from rloo.training.parallel import rollout_worker as worker
-
-        if version not in self.probes:  # made before a resume: not checked
-            return {}
-        gap = worker.probe_gap(self.probes[version], probe)
-        low = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.policy().parameters())
-        tolerance = worker.PROBE_TOLERANCE_HALF if low else worker.PROBE_TOLERANCE
-        if not gap <= tolerance:
-            raise RuntimeError(
-                f"weight sync check failed for the weights of step {version}: the rollout worker scores the probe "
-                f"tokens {gap:.3g} nats away from the trainer (tolerance {tolerance:g}), so it samples with other "
-                "weights than the trainer sent; the run stops (resume it from its last checkpoint with "
-                "rollout_workers=0, and please report it)"
-            )
-        return {names.ASYNC_SYNC_GAP: gap}
-
-    def metrics(self) -> dict[str, float]:
-        return dict(self.last_metrics)
-
-    def request_through(self, last: int) -> None:
-        """Ask the worker for every batch up to the one of step ``last``, each after its version's weights."""
-        from rloo.data.prompts import columns_of
-
-        assert self.requested_to is not None
-        for step in range(self.requested_to + 1, last + 1):
-            if step not in self.inflight:
-                rows, groups = self.draw()
-                self.inflight[step] = (rows, groups, max(0, step - self.staleness))
-            rows, groups, version = self.inflight[step]
-            if self.sent != version:
-                self.worker.send_weights(version, self.versions[version])
-                self.sent = version
-            self.worker.request(step, [row["prompt"] for row in rows], columns_of(rows), groups, self.seed)
-            self.requested_to = step
-
-    def policy_updated(self, version: int) -> None:
-        super().policy_updated(version)
-        if self.worker is not None:
-            self.note_probe(version)
-            self.request_through(version + self.staleness)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "inflight": dict(self.inflight), "groups_drawn": self.groups_drawn}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        self.inflight = {int(step): value for step, value in state.pop("inflight", {}).items()}
-        self.resumed_groups = state.pop("groups_drawn", None)
-        super().restore(state)
-
-    def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-
-
 def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
     """``model``'s trainable parameters, copied to the CPU."""
     return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
@@ -336,7 +181,7 @@ def rollout_source(
     args: Any, ranks: Ranks, policy: Callable[[], nn.Module], worker: tuple[Any, Any], **source: Any
 ) -> SynchronousRollouts:
     """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1 (:class:`WorkerRollouts`
-    with ``rollout_workers`` 1: ``worker`` is the processing class and rollout settings it needs), else
+    with ``rollout_workers`` >= 1: ``worker`` is the processing class and rollout settings it needs), else
     synchronous."""
     if args.max_staleness == 0:
         return SynchronousRollouts(ranks=ranks, **source)
@@ -346,11 +191,13 @@ def rollout_source(
             "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
         )
     if args.rollout_workers:
+        from rloo.training.parallel.worker_rollouts import WorkerRollouts
+
         processing_class, settings = worker
         if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
             raise ValueError(
-                "RLOOConfig.rollout_workers=1 with a rollout_func or an environment_factory is not built yet (the "
-                "worker would need them in its process); use rollout_workers=0"
+                f"RLOOConfig.rollout_workers={args.rollout_workers} with a rollout_func or an environment_factory is "
+                "not built yet (the workers would need them in their processes); use rollout_workers=0"
             )
         return WorkerRollouts(
             ranks=ranks,
@@ -359,6 +206,7 @@ def rollout_source(
             processing_class=processing_class,
             settings=settings,
             seed=args.seed,
+            workers=args.rollout_workers,
             **source,
         )
     return PipelinedRollouts(ranks=ranks, policy=policy, staleness=args.max_staleness, **source)

@@ -56,7 +56,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"num_iterations": 0}, "num_iterations", 0, "must be >= 1"),
     ({"off_policy_mask_threshold": -0.5}, "off_policy_mask_threshold", -0.5, "mean KL kept, > 0"),
     ({"multi_objective_aggregation": "mean"}, "multi_objective_aggregation", "mean", "choose one of"),
-    ({"rollout_workers": 2, "max_staleness": 1}, "rollout_workers", 2, "0 (sample in the trainer's process) or 1"),
+    ({"rollout_workers": -1, "max_staleness": 1}, "rollout_workers", -1, ">= 0 (0: sample in the trainer's process)"),
     ({"rollout_workers": 1}, "rollout_workers", 1, "set max_staleness >= 1 too"),
     ({"rollout_workers": 1, "max_staleness": 1, "num_iterations": 2}, "rollout_workers", 1, "is not built yet"),
     ({"max_staleness": -1}, "max_staleness", -1, "must be >= 0 optimizer steps"),

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from rloo import RLOOConfig
-from rloo.training import rollout_source
+from rloo.generation.rollout import Rollout
+from rloo.pipeline import SampledBatch
+from rloo.training.parallel import worker_rollouts
 from rloo.training.rollout_source import PipelinedRollouts, SynchronousRollouts, trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
 
@@ -110,14 +112,15 @@ def test_staleness_is_refused_under_fsdp_and_with_vllm(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ a rollout worker process (rollout_workers 1)
-def test_a_worker_process_samples_what_the_trainers_process_would(tmp_path: Path) -> None:
-    """The same prompts, groups, seeds and weight versions: the worker's batches train to the same weights as
-    the in-process pipeline's (float rounding of one thread against two aside: compared with a tolerance)."""
+def test_worker_processes_sample_what_the_trainers_process_would(tmp_path: Path) -> None:
+    """The same prompts, groups, seeds and weight versions: two workers' shares, put back together, train to the
+    same weights as the in-process pipeline's (float rounding of one thread against two aside: a tolerance)."""
     inline = run(tmp_path / "inline", max_staleness=1)
     inline.train()
-    worker = run(tmp_path / "worker", max_staleness=1, rollout_workers=1)
+    worker = run(tmp_path / "worker", max_staleness=1, rollout_workers=2)
     worker.train()
-    assert not worker.rollouts.worker.process.is_alive()  # closed at the end of train()
+    assert len(worker.rollouts.workers) == 2
+    assert not any(w.process.is_alive() for w in worker.rollouts.workers)  # closed at the end of train()
     a, b = params(inline.unwrapped_model), params(worker.unwrapped_model)
     assert all(torch.allclose(a[name], b[name], atol=1e-5) for name in a)
     logged = [row["staleness"] for row in worker.state.log_history if "staleness" in row]
@@ -133,6 +136,26 @@ def test_a_resumed_worker_run_equals_an_uninterrupted_one(tmp_path: Path) -> Non
     resumed.train(resume_from_checkpoint=True)
     a, b = params(straight.unwrapped_model), params(resumed.unwrapped_model)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_shares_and_merging_hand_example() -> None:
+    """5 prompts over 2 workers: 3 and 2; 1 prompt over 2: one share. Rollouts of different widths concatenate
+    with prompts left-padded and completions right-padded (masked), rows in order."""
+    assert worker_rollouts.shares(5, 2) == [slice(0, 3), slice(3, 5)] and worker_rollouts.shares(1, 2) == [slice(0, 1)]
+    first = Rollout(
+        torch.tensor([[7, 8]]), torch.tensor([[1, 1]]), torch.tensor([[5]]), torch.tensor([[1.0]]),
+        torch.tensor([True]), torch.tensor([[-0.5]]), torch.tensor([0]),
+    )  # fmt: skip
+    second = Rollout(
+        torch.tensor([[9]]), torch.tensor([[1]]), torch.tensor([[4, 3]]), torch.tensor([[1.0, 1.0]]),
+        torch.tensor([False]), torch.tensor([[-0.25, -0.125]]), torch.tensor([1]),
+    )  # fmt: skip
+    merged = worker_rollouts.merge_sampled([SampledBatch(first, 1), SampledBatch(second, 0)], pad_token_id=0)
+    r = merged.rollout
+    assert r.prompt_ids.tolist() == [[7, 8], [0, 9]] and r.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert r.completion_ids.tolist() == [[5, 0], [4, 3]] and r.completion_mask.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    assert r.sampling_logprobs.tolist() == [[-0.5, 0.0], [-0.25, -0.125]] and r.group_ids.tolist() == [0, 1]
+    assert r.truncated.tolist() == [True, False] and merged.num_truncated_prompts == 1
 
 
 def kill_worker_at(t: Any, steps: set[int]) -> None:
@@ -170,7 +193,7 @@ def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: P
 
 
 def test_a_worker_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rollout_source, "MAX_WORKER_RESTARTS", 1)
+    monkeypatch.setattr(worker_rollouts, "MAX_WORKER_RESTARTS", 1)
     t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=3)
     kill_worker_at(t, {1, 2})
     with (

@@ -1,4 +1,4 @@
-"""Sampling in a worker process (``max_staleness`` >= 1 with ``rollout_workers: 1``): generation overlaps training.
+"""Sampling in worker processes (``max_staleness`` >= 1 with ``rollout_workers`` >= 1): generation overlaps training.
 
 The worker is a spawned process holding its own copy of the policy, the tokenizer and the sampling settings;
 the trainer's process keeps the prompt order, the reward functions and the optimizer. They speak through two
@@ -11,8 +11,9 @@ queues (torch's multiprocessing: tensors travel through shared memory):
 - ``("stop",)``.
 
 The weight-sync check: the trainer scores the same probe tokens with each version's weights when it makes them
-(:meth:`rloo.training.rollout_source.WorkerRollouts.policy_updated`); a batch whose worker scored them more than
-:data:`PROBE_TOLERANCE` apart (the sync did not take, or loaded other weights) stops the run, naming the version.
+(:meth:`~rloo.training.parallel.worker_rollouts.WorkerRollouts.policy_updated`); a batch whose worker scored
+them more than :data:`PROBE_TOLERANCE` apart (the sync did not take, or loaded other weights) stops the run,
+naming the version.
 
 The pipeline is :class:`rloo.training.rollout_source.PipelinedRollouts`': the batch trained at step t is sampled
 by the weights after step ``max(0, t - s)``. After optimizer step t the trainer sends the weights of step t and
