@@ -29,8 +29,9 @@ from transformers import Qwen2Config
 MiB = 2**20
 
 
-def qwen_shape(tiny: bool) -> Qwen2Config:
-    sizes = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
+def qwen_shape(tiny: bool, **sizes: int) -> Qwen2Config:
+    """Qwen2.5-0.5B's shape (``tiny``: 2 layers of hidden 64, the same vocabulary); ``sizes`` override it."""
+    small = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
     real = {"num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14}
     return Qwen2Config(
         vocab_size=151_936,
@@ -38,7 +39,7 @@ def qwen_shape(tiny: bool) -> Qwen2Config:
         tie_word_embeddings=True,
         max_position_embeddings=32768,
         rope_theta=1_000_000.0,
-        **(sizes if tiny else real),
+        **{**(small if tiny else real), **sizes},
     )
 
 

@@ -5,7 +5,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+# bitsandbytes, which peft imports whenever it is installed, warns at import on CPUs with AVX512-BF16 that it
+# could not fetch a 4-bit matmul kernel from the hub; rloo has no 4-bit layers (it uses bitsandbytes' 8-bit
+# optimizers only), so that module's logger, which logs nothing else, is quieted
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __version__ = "0.1.0"
 __all__ = ["GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer", "__version__"]

@@ -20,6 +20,7 @@ from torch import nn
 
 from rloo.data.images import encode_image_prompts, image_column, is_processor, row_images
 from rloo.data.prompts import TokenizedPrompts, encode_prompts, is_conversational, repeat_per_completion
+from rloo.generation.device import model_device
 from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
@@ -289,7 +290,7 @@ def sample_batch(
     eos = eos_token_ids(tokenizer, model, settings.extra_eos_token_ids)
     if settings.custom is not None:  # rollout_func: the user samples (and templates) the batch
         rollout, extra = custom_rollout(
-            settings.custom(list(prompts)), len(prompts), k, groups, eos, tokenizer.pad_token_id, _device(model)
+            settings.custom(list(prompts)), len(prompts), k, groups, eos, tokenizer.pad_token_id, model_device(model)
         )
         return SampledBatch(rollout, 0, columns=extra)
     inputs, base = None, dict(settings.chat_template_kwargs)
@@ -338,7 +339,3 @@ def sample_batch(
     )
     extra = {} if inputs.environments is None else {"environments": inputs.environments}  # TRL passes them
     return SampledBatch(rollout, tokenized.num_truncated, episodes, inputs.prompts, extra)
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device

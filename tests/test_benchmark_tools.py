@@ -72,3 +72,17 @@ def test_minimum_flops_by_hand() -> None:
     case = {"num_prompts": 2, "num_generations": 4}
     # body: 2 prompts x 10 + 30 completion tokens - 8 rows = 42 tokens; head: 30 tokens; x (1 + 1 + 3)
     assert minimum_flops(info, case, 30) == 2 * (100 * 42 + 7 * 30) * 5
+
+
+def test_the_offload_benchmark_runs_each_case_with_the_same_options(tmp_path: Path) -> None:
+    """``benchmarks/offload_memory.py`` runs each case in a process of its own: that process must get the
+    model and workload the command line asked for, and run one case."""
+    from offload_memory import CASES, case_command, parse
+
+    asked = parse(["--quick", "--layers", "3", "--prompt-length", "48", "--weights", "bfloat16", "--timeout", "9"])
+    command = case_command("both", asked, tmp_path / "case.json")
+    again = parse(command[2:])
+    assert again.case == "both" and again.out == str(tmp_path / "case.json") and "both" in CASES
+    assert {k: v for k, v in vars(again).items() if k not in ("case", "out", "timeout")} == {
+        k: v for k, v in vars(asked).items() if k not in ("case", "out", "timeout")
+    }

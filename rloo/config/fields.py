@@ -346,7 +346,7 @@ class RLOOFields:
     optim: str = option(
         "adamw_torch",
         f"Optimizer, built by transformers' factory: one of {', '.join(OPTIMIZERS)} (the 8-bit ones need "
-        "bitsandbytes and a CUDA GPU). The adam_* fields apply to the AdamW ones.",
+        "bitsandbytes; on a CPU >= 0.50, where paged is plain). The adam_* fields apply to the AdamW ones.",
         trl="optim",
     )
     optim_args: str | None = option(

@@ -1,6 +1,6 @@
 """The ``RLOOConfig`` fields TRL and transformers scripts set that are about the run's plumbing
-rather than the algorithm: sharing on the hub, ``torch.compile``, and data-loader settings rloo
-accepts only where they describe what it does. :class:`rloo.config.rloo_config.RLOOConfig`
+rather than the algorithm: sharing on the hub, ``torch.compile``, activation offloading, and
+data-loader settings rloo accepts only where they describe what it does. :class:`rloo.config.rloo_config.RLOOConfig`
 combines them with :class:`rloo.config.fields.RLOOFields` (these come after them in the
 constructor and the README's table).
 """
@@ -15,7 +15,7 @@ from rloo.config.fields import option
 
 @dataclass
 class PlumbingFields:
-    """Hub, compilation and data-loader fields of ``RLOOConfig``, with their documentation."""
+    """Hub, compilation, activation offloading and data-loader fields of ``RLOOConfig``, with their documentation."""
 
     dataloader_num_workers: int = option(
         0,
@@ -47,6 +47,13 @@ class PlumbingFields:
         "torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it "
         "turns torch_compile on.",
         trl="torch_compile_mode",
+    )
+    activation_offloading: bool = option(
+        False,
+        "Training passes keep what their forward saves for the backward in CPU memory (pinned) until the backward "
+        "needs it: less GPU memory, slower (each tensor crosses PCIe twice). Parameters stay on the GPU; no effect "
+        "on a CPU (warned).",
+        trl="activation_offloading",
     )
     sampler_compaction: float | None = option(
         0.25,  # rloo.generation.decoding.COMPACT_AT (tests/generation/test_decoding.py checks they agree)

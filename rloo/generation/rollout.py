@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
 from rloo.generation.decoding import DecodeBatch, step_draws
+from rloo.generation.device import model_device
 from rloo.generation.kv_cache import can_select_rows, preallocate, returned_cache, share_prefill
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
@@ -218,7 +219,7 @@ def generate_rollouts(
     ``compact_at``: finished rows leave the decode batch once they are this fraction of it
     (:mod:`rloo.generation.decoding`; exact, and only for a cache it can select rows of); None never.
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     k = num_generations
     uniforms = None
     if sampling_seed is not None:

@@ -27,6 +27,7 @@ from rloo.training.monitoring.nonfinite import NonFiniteGuard
 from rloo.training.parallel.distributed import Ranks, reduce_step_metrics
 from rloo.training.parallel.fsdp import clip_grad_norm, is_sharded
 from rloo.training.passes import TrainBatch, max_rows_per_pass, pass_loss, plan_passes, take_rows, trainable_rows
+from rloo.training.setup.activation_offload import offload_context
 from rloo.training.setup.optimization import zero_grads_if_none
 
 
@@ -99,6 +100,8 @@ class Updater:
         )
         self.guard = NonFiniteGuard(args.max_nonfinite_steps)
         self.sharded = is_sharded(model)
+        # activation_offloading: what each pass's forward saves for its backward waits in CPU memory
+        self.offload = offload_context(args.activation_offloading, accelerator.device)
 
     def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int, first: bool = False) -> StepOutcome:
         """One optimizer step over ``step_rows`` (this process's micro-batches of the step). ``first``: the
@@ -118,7 +121,7 @@ class Updater:
         results = []
         for i in range(self.ranks.count_everywhere(len(passes))):
             filler = i >= len(passes)  # lockstep (FSDP): a pass whose loss counts 0, on any row
-            with self.accelerator.autocast():
+            with self.accelerator.autocast(), self.offload():
                 result = pass_loss(
                     self.forward_model,
                     take_rows(batch, all_rows[:1] if filler else passes[i]),

@@ -3,10 +3,12 @@
 examples/accelerate/fsdp2_cpu.yaml`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION=2``), the
 policy is sharded; with plain ``python`` (one process) the same runs train unsharded.
 
-``python tests/helpers/fsdp_runs.py OUT`` trains each case of :data:`CASES` on the same global
-batch (8 completions per step over all processes), and has the main process write its final
-parameters (``OUT/<case>.safetensors``, the full ones, read back from the saved final model) and
-logged metrics (``OUT/<case>.json``). Each case's ``final/`` folder is the trainer's own save.
+``python tests/helpers/fsdp_runs.py OUT [CASE ...]`` trains each case of :data:`CASES` (or those named)
+on the same global batch (8 completions per step over all processes), and has the main process write its
+final parameters (``OUT/<case>.safetensors``, the full ones, read back from the saved final model) and
+logged metrics (``OUT/<case>.json``). Each case's ``final/`` folder is the trainer's own save. With
+``FSDP_OFFLOAD_PARAMS=true`` too (``fsdp_offload_params``), the shards live in CPU memory, and one
+process is sharded as well (over a mesh of one).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from peft import LoraConfig
 from safetensors.torch import save_file
 
@@ -48,9 +51,20 @@ def frac7_even_sums(completion_ids: list[list[int]], answer: list[str], **kwargs
     return [r if int(a) % 2 == 0 else 0.0 for r, a in zip(frac7(completion_ids), answer, strict=True)]
 
 
-def main(out: Path) -> None:
+def offloads(model: torch.nn.Module) -> bool:
+    """Whether every sharded unit of ``model`` keeps its shards in CPU memory (torch's private FSDP2 state:
+    the policy each parameter group was sharded with)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in m._get_fsdp_state()._fsdp_param_groups]
+    return bool(groups) and all(isinstance(g.offload_policy, CPUOffloadPolicy) for g in groups)
+
+
+def main(out: Path, names: list[str]) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    for name, settings in CASES.items():
+    offload = os.environ.get("FSDP_OFFLOAD_PARAMS") == "true"
+    for name in names or list(CASES):
+        settings = CASES[name]
         tok = make_tokenizer()
         lora = name == "lora"
         args = world_config(
@@ -66,8 +80,9 @@ def main(out: Path) -> None:
         extra = {"peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), "eval_dataset": dataset(45)[40:]}
         model, data = make_model(tok), dataset()
         trainer = RLOOTrainer(model, frac7_even_sums, args, data, processing_class=tok, **(extra if lora else {}))
-        if world > 1:  # the policy and a separate reference are sharded
+        if world > 1 or offload:  # the policy and a separate reference are sharded
             assert all(is_sharded(m) for m in (trainer.model, trainer.ref_model) if m is not None)
+            assert offloads(trainer.model) == offload
         trainer.train()
         if trainer.ranks.is_main:
             from safetensors.torch import load_file
@@ -81,5 +96,5 @@ def main(out: Path) -> None:
 if __name__ == "__main__":
     from rloo.training.parallel.distributed import exit_process
 
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
     exit_process(0)  # as rloo train ends: gloo's teardown at interpreter finalization can abort

@@ -21,12 +21,30 @@ from safetensors.torch import load_file, save_file
 _TENSOR, _ARRAY, _TUPLE = "__tensor__", "__ndarray__", "__tuple__"
 
 
-def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+class _Tensors(dict[str, torch.Tensor]):
+    """A state's tensors by key, on the CPU. A tensor whose memory one already stored holds is copied:
+    safetensors refuses shared memory, and bitsandbytes' 8-bit optimizers share one quantization map
+    between every parameter's state (on a GPU ``.cpu()`` copies anyway; on a CPU it does not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: set[int] = set()
+
+    def add(self, tensor: torch.Tensor) -> str:
+        stored = tensor.detach().cpu().contiguous()
+        address = stored.untyped_storage().data_ptr()
+        if stored.numel() and address in self.storages:
+            stored = stored.clone()
+        self.storages.add(stored.untyped_storage().data_ptr())
+        key = f"t{len(self)}"
+        self[key] = stored
+        return key
+
+
+def _encode(value: Any, tensors: _Tensors) -> Any:
     """``value`` as JSON-ready data; each tensor is stored in ``tensors`` under a fresh key."""
     if isinstance(value, torch.Tensor):
-        key = f"t{len(tensors)}"
-        tensors[key] = value.detach().cpu().contiguous()
-        return {_TENSOR: key}
+        return {_TENSOR: tensors.add(value)}
     if isinstance(value, np.ndarray):
         return {_ARRAY: value.tolist(), "dtype": str(value.dtype)}
     if isinstance(value, dict):
@@ -61,7 +79,7 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def save_state(state: dict[str, Any], folder: Path, name: str) -> list[Path]:
     """Write ``state`` as ``folder/<name>.json`` and ``folder/<name>.safetensors``; returns both paths."""
-    tensors: dict[str, torch.Tensor] = {}
+    tensors = _Tensors()
     structure = _encode(state, tensors)
     json_path, tensor_path = folder / f"{name}.json", folder / f"{name}.safetensors"
     save_file(tensors, str(tensor_path))

@@ -82,7 +82,10 @@ def announce(console: Any, args: Any, accelerator: Any, model: Any, max_steps: i
     from rloo.training.setup.models import count_parameters
 
     console.print(args.describe_algorithm())
-    where = device_text(accelerator.device, accelerator.mixed_precision, ranks.lockstep)
+    from rloo.training.parallel.fsdp import is_sharded
+
+    # sharded: over several processes, or over one to offload its parameters
+    where = device_text(accelerator.device, accelerator.mixed_precision, is_sharded(model))
     console.print(run_summary(args, count_parameters(model), where, max_steps, ranks.world_size))
 
 

@@ -20,6 +20,11 @@ What sharding asks of the loop (:mod:`rloo.training.parallel.distributed` for th
 - **Saving.** Weights are gathered into a full state dict (on every process, a collective) and
   the main process writes consolidated safetensors (the adapter only under LoRA); the optimizer
   state is saved full, too, and loaded back sharded on resume.
+- **Parameter offload** (``fsdp_offload_params: true``, torch's ``CPUOffloadPolicy``). The shards,
+  their gradients and the optimizer state (so its step) live in CPU memory; a unit's parameters are
+  copied to the GPU for its forward and backward only. Inputs go to the mesh's device, not to where
+  the parameters are (:func:`rloo.generation.device.model_device`), and the gradient's norm is
+  reduced there (:func:`clip_grad_norm`). One process is sharded too when it offloads.
 """
 
 from __future__ import annotations
@@ -34,16 +39,20 @@ import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
+from rloo.generation.device import mesh_device
+
 FSDP_HINT = "use examples/accelerate/fsdp2.yaml (FSDP2), or data parallel training (examples/accelerate/ddp.yaml)"
 
 
 @dataclass(frozen=True)
 class ShardingSettings:
     """What of an accelerate FSDP config rloo uses. ``wrap_classes``: module class names sharded
-    on their own (empty: the model's ``_no_split_modules``, its decoder layers)."""
+    on their own (empty: the model's ``_no_split_modules``, its decoder layers). ``offload_params``
+    (``fsdp_offload_params``): the shards, their gradients and the optimizer state live in CPU memory."""
 
     reshard_after_forward: bool = True
     wrap_classes: tuple[str, ...] = ()
+    offload_params: bool = False
 
 
 def _flag(env: Mapping[str, str], name: str, default: str = "false") -> bool:
@@ -53,8 +62,8 @@ def _flag(env: Mapping[str, str], name: str, default: str = "false") -> bool:
 def sharding_settings(distributed_type: Any, env: Mapping[str, str] | None = None) -> ShardingSettings | None:
     """The sharding an accelerate launch asks for (None: data parallel), from its
     ``distributed_type`` and the ``FSDP_*`` variables ``accelerate launch`` sets. Refuses, with
-    what to use instead, what rloo does not run: DeepSpeed, FSDP version 1, and the FSDP options
-    it does not implement (parameter offload, accelerate's activation checkpointing)."""
+    what to use instead, what rloo does not run: DeepSpeed, FSDP version 1, and accelerate's
+    activation checkpointing (``gradient_checkpointing`` does it)."""
     env = os.environ if env is None else env
     name = getattr(distributed_type, "name", str(distributed_type))
     if name == "DEEPSPEED" or _flag(env, "ACCELERATE_USE_DEEPSPEED"):
@@ -68,15 +77,15 @@ def sharding_settings(distributed_type: Any, env: Mapping[str, str] | None = Non
     version = env.get("FSDP_VERSION", "1")
     if version != "2":
         raise ValueError(f"accelerate is configured for FSDP version {version}; rloo runs FSDP2 only: {FSDP_HINT}")
-    if _flag(env, "FSDP_OFFLOAD_PARAMS"):
-        raise ValueError("fsdp_offload_params: true is not supported by rloo; set it to false")
     if _flag(env, "FSDP_ACTIVATION_CHECKPOINTING"):
         raise ValueError(
             "fsdp_activation_checkpointing: true is not used by rloo; set it to false and set "
             "gradient_checkpointing: true in the run file instead"
         )
     classes = tuple(c.strip() for c in env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "").split(",") if c.strip())
-    return ShardingSettings(_flag(env, "FSDP_RESHARD_AFTER_FORWARD", "true"), classes)
+    return ShardingSettings(
+        _flag(env, "FSDP_RESHARD_AFTER_FORWARD", "true"), classes, _flag(env, "FSDP_OFFLOAD_PARAMS")
+    )
 
 
 def wrap_units(model: nn.Module, classes: tuple[str, ...] = ()) -> list[nn.Module]:
@@ -97,22 +106,43 @@ def wrap_units(model: nn.Module, classes: tuple[str, ...] = ()) -> list[nn.Modul
 
 def shard_model(model: nn.Module, settings: ShardingSettings, device: torch.device, world_size: int) -> None:
     """Shard ``model`` in place over every process: each wrap unit, then the whole model (the
-    embeddings, the head and whatever else is left). Gradients are summed over processes."""
+    embeddings, the head and whatever else is left). Gradients are summed over processes. With
+    ``offload_params`` the shards stay in CPU memory (pinned on a GPU machine) and each unit's
+    parameters visit ``device`` only while it runs; the model is then never moved there whole."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world_size,))
-    model.to(device)
-    for tensor in model.state_dict().values():  # as DDP does: every process starts from the main's weights
-        torch.distributed.broadcast(tensor, src=0)
-    for unit in wrap_units(model, settings.wrap_classes):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=settings.reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=settings.reshard_after_forward)
+    if not settings.offload_params:
+        model.to(device)
+    for tensor in model.state_dict().values() if world_size > 1 else ():  # as DDP: every process starts
+        staged = tensor.to(device)  # from the main's weights; offloaded, through the device one at a time
+        torch.distributed.broadcast(staged, src=0)  # (NCCL sends no CPU memory)
+        if staged is not tensor:
+            tensor.copy_(staged)
+    # pinned CPU memory needs an accelerator; on a CPU the "offloaded" shards stay where they are
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if settings.offload_params else OffloadPolicy()
+    for unit in [*wrap_units(model, settings.wrap_classes), model]:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=settings.reshard_after_forward, offload_policy=offload)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # each process's loss is its share of the global loss: the global gradient is the sum
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+
+
+def one_process_group(device: torch.device) -> None:
+    """A process group of this process alone, where none is up (``fully_shard`` needs one): sharding one
+    process offloads its parameters to CPU memory (``offload_params``), over a mesh of one."""
+    import atexit
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+    atexit.register(dist.destroy_process_group)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -131,9 +161,23 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
         return 0.0
     norm = torch.nn.utils.get_total_norm(grads, 2.0)
     if isinstance(norm, DTensor):
-        norm = norm.full_tensor()  # the sum of every shard's squares, then the root
+        norm = _full_norm(norm)  # the sum of every shard's squares, then the root
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
     return float(norm)
+
+
+def _full_norm(norm: Any) -> torch.Tensor:
+    """A norm over shards (a DTensor, each process's part) as one tensor on every process. Offloaded
+    shards (CPU memory, mesh on a GPU) have their part reduced on the mesh's device (NCCL reduces no
+    CPU memory; torch's own clipping fails there, pytorch#148532), then brought back beside the gradients."""
+    from torch.distributed.tensor import DTensor
+
+    local = norm.to_local()
+    mesh = norm.device_mesh
+    if local.device.type == mesh.device_type:
+        return norm.full_tensor()  # type: ignore[no-any-return]
+    on_mesh = DTensor.from_local(local.to(mesh_device(mesh)), mesh, norm.placements, run_check=False)
+    return on_mesh.full_tensor().to(local.device)
 
 
 def _full_options(**kwargs: Any) -> Any:

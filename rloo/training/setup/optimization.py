@@ -21,20 +21,24 @@ or LoRA).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
+from packaging.version import Version
 from torch import nn
 from transformers import Trainer, get_scheduler
 
 from rloo.config import RLOOConfig
-from rloo.training.parallel.fsdp import ShardingSettings, shard_model
+from rloo.training.parallel.fsdp import ShardingSettings, one_process_group, shard_model
 
 BITSANDBYTES_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+# the first bitsandbytes whose optimizers run on a CPU (its pull request 1901; 0.49.2 ran them on CUDA/XPU
+# only); paged_adamw_8bit is the plain 8-bit AdamW there (bitsandbytes warns: nothing to page)
+BITSANDBYTES_ON_CPU = "0.50.0"
 
 
 def total_steps(args: RLOOConfig, num_prompts: int | None, world_size: int = 1) -> int:
@@ -84,20 +88,33 @@ def optimizer_class_and_kwargs(args: RLOOConfig) -> tuple[type[torch.optim.Optim
     return optimizer_cls, {"weight_decay": args.weight_decay, **kwargs}
 
 
+def bitsandbytes_version() -> str | None:
+    """The installed bitsandbytes' version, or None."""
+    try:
+        return metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def check_optimizer_available(optim: str) -> None:
-    """Raise a ``ValueError`` naming what is missing when ``optim`` needs bitsandbytes and a CUDA GPU."""
+    """Raise a ``ValueError`` saying what to install when ``optim`` needs bitsandbytes: the package, and on
+    a machine without a CUDA GPU a version whose 8-bit optimizers run on the CPU (:data:`BITSANDBYTES_ON_CPU`)."""
     if optim not in BITSANDBYTES_OPTIMIZERS:
         return
-    has_package, has_gpu = importlib.util.find_spec("bitsandbytes") is not None, torch.cuda.is_available()
-    if has_package and has_gpu:
-        return
-    lacks = " and ".join(
-        what for what, ok in (("the bitsandbytes package", has_package), ("a CUDA GPU", has_gpu)) if not ok
-    )
-    raise ValueError(
-        f"RLOOConfig.optim={optim!r} needs the bitsandbytes package and a CUDA GPU; this machine lacks {lacks}. "
-        "Use optim='adamw_torch' (or 'adafactor', less memory) here, or a GPU machine with `pip install bitsandbytes`"
-    )
+    version = bitsandbytes_version()
+    instead = "or use optim='adamw_torch' (or 'adafactor', less memory)"
+    if version is None:
+        raise ValueError(
+            f"RLOOConfig.optim={optim!r} needs the bitsandbytes package, which is not installed: "
+            f"pip install 'bitsandbytes>={BITSANDBYTES_ON_CPU}' (or rloo's extra: pip install -e '.[bitsandbytes]'), "
+            f"{instead}"
+        )
+    if not torch.cuda.is_available() and Version(version) < Version(BITSANDBYTES_ON_CPU):
+        raise ValueError(
+            f"RLOOConfig.optim={optim!r} without a CUDA GPU needs bitsandbytes >= {BITSANDBYTES_ON_CPU}: the "
+            f"installed bitsandbytes {version} runs its 8-bit optimizers on CUDA (and XPU) devices only. "
+            f"pip install -U 'bitsandbytes>={BITSANDBYTES_ON_CPU}', {instead}"
+        )
 
 
 def build_optimizer(model: nn.Module, args: RLOOConfig, max_steps: int) -> tuple[torch.optim.Optimizer, Any]:
@@ -156,21 +173,25 @@ def prepare_training(
     weights) and the optimizer. Sharded: the policy and the reference are sharded here
     (:func:`shard_model`) and the optimizer built over the policy's shards; accelerate prepares
     neither (its FSDP2 ``prepare`` insists on wrapping the model itself), so the run is the same
-    on GPUs, where accelerate reports FSDP, and on CPUs, where it reports plain multi-CPU."""
-    if settings is None or accelerator.num_processes == 1:
+    on GPUs, where accelerate reports FSDP, and on CPUs, where it reports plain multi-CPU. One process
+    is sharded only to offload its parameters (``fsdp_offload_params``), over a process group of its own."""
+    if settings is None or (accelerator.num_processes == 1 and not settings.offload_params):
         if reference is not None:
             reference.to(accelerator.device)
         optimizer, scheduler = build_optimizer(policy, args, max_steps)
         model, optimizer = accelerator.prepare(policy, optimizer)
         return model, optimizer, scheduler
-    refused = [n for n in ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance") if getattr(args, n, 0)]
+    unsupported = ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance", "max_staleness")
+    refused = [n for n in unsupported if getattr(args, n, 0)]
     if refused:
         raise ValueError(
             f"{', '.join(refused)} not supported with FSDP in rloo (the sharded reference's state is not "
             "checkpointed; compiling a sharded model is untested; fp16's gradient scaler is not applied to "
             "sharded gradients: use bf16; the gradient-variance probe runs a forward per completion, unevenly "
-            "over processes); drop them, or train data parallel"
+            "over processes; a stale sampling copy would be a second sharded model); drop them, or train data parallel"
         )
+    if accelerator.num_processes == 1:
+        one_process_group(accelerator.device)
     for model in (policy, reference):
         if model is not None:
             shard_model(model, settings, accelerator.device, accelerator.num_processes)

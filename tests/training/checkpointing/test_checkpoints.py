@@ -1,4 +1,5 @@
-"""A checkpoint's training state: fp16's gradient scaler is part of it (issue 25)."""
+"""A checkpoint's training state: fp16's gradient scaler is part of it (issue 25); tensors that share memory
+are stored (issue 29)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ def test_the_gradient_scalers_state_is_saved_and_restored(tmp_path: Path) -> Non
         training_state(optimizer, scheduler, Sampler()), optimizer, scheduler, Sampler(), scaler=fresh
     )
     assert fresh.get_scale() == 2.0**16
+
+
+def test_tensors_sharing_memory_are_saved_each_on_its_own(tmp_path: Path) -> None:
+    # before: safetensors refused the state ("Some tensors share memory"): bitsandbytes' 8-bit AdamW keeps one
+    # quantization map object in every parameter's state, and on a CPU nothing copied it apart
+    qmap = torch.linspace(-1, 1, 256)
+    state = {"state": {0: {"qmap1": qmap, "half": qmap[:128]}, 1: {"qmap1": qmap}}, "empty": [torch.zeros(0)] * 2}
+    save_state(state, tmp_path, "training_state")
+    loaded = load_state(tmp_path, "training_state")
+    assert torch.equal(loaded["state"][0]["qmap1"], qmap) and torch.equal(loaded["state"][1]["qmap1"], qmap)
+    assert torch.equal(loaded["state"][0]["half"], qmap[:128]) and loaded["empty"][1].numel() == 0

@@ -88,9 +88,11 @@ def test_fsdp_settings_and_what_is_refused() -> None:
     assert sharding_settings(DistributedType.MULTI_GPU, {}) is None
     wrap = {**FSDP_ENV, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_TRANSFORMER_CLS_TO_WRAP": "A, B"}
     assert sharding_settings(DistributedType.FSDP, wrap) == ShardingSettings(False, ("A", "B"))
+    offload = {**FSDP_ENV, "FSDP_OFFLOAD_PARAMS": "true"}  # refused before issue 29
+    offloaded = ShardingSettings(offload_params=True)
+    assert sharding_settings(DistributedType.FSDP, offload) == offloaded
     refused = {
         "FSDP version 1; rloo runs FSDP2 only": {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"},
-        "fsdp_offload_params": {**FSDP_ENV, "FSDP_OFFLOAD_PARAMS": "true"},
         "gradient_checkpointing: true": {**FSDP_ENV, "FSDP_ACTIVATION_CHECKPOINTING": "true"},
     }
     for message, env in refused.items():
@@ -99,10 +101,13 @@ def test_fsdp_settings_and_what_is_refused() -> None:
     with pytest.raises(ValueError, match="XLA, which rloo does not support"):
         check_engine(DistributedType.XLA, {})
     two_processes = SimpleNamespace(num_processes=2)
-    for name in ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance"):
+    for name in ("sync_ref_model", "torch_compile", "fp16", "log_grad_variance", "max_staleness"):
         args = SimpleNamespace(**{"sync_ref_model": False, "torch_compile": False, "fp16": False, name: True})
         with pytest.raises(ValueError, match=f"{name} not supported with FSDP"):
             prepare_training(two_processes, torch.nn.Linear(2, 2), None, args, 1, ShardingSettings())
+        # one process is sharded only to offload its parameters: refused alike
+        with pytest.raises(ValueError, match=f"{name} not supported with FSDP"):
+            prepare_training(SimpleNamespace(num_processes=1), torch.nn.Linear(2, 2), None, args, 1, offloaded)
 
 
 def test_lockstep_generation_keeps_decoding_padding_until_every_process_is_done() -> None:
@@ -134,23 +139,56 @@ def test_lockstep_generation_keeps_decoding_padding_until_every_process_is_done(
 
 
 # ---------------------------------------------------------------------------- training
-def test_two_fsdp_processes_train_as_one_and_save_full_weights(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case of ``tests/helpers/fsdp_runs.py`` trained by one process, unsharded: what sharded runs equal."""
+    out = tmp_path_factory.mktemp("one")
+    assert_ok(python("tests/helpers/fsdp_runs.py", str(out)))
+    return out
+
+
+def assert_trained_alike(one: Path, other: Path, names: tuple[str, ...] = tuple(CASES)) -> None:
+    for name in names:
+        full_one, full_other = (
+            load_file(str(one / f"{name}.safetensors")),
+            load_file(str(other / f"{name}.safetensors")),
+        )
+        assert {k: v.shape for k, v in full_one.items()} == {k: v.shape for k, v in full_other.items()}, name
+        assert max_param_diff(one / f"{name}.safetensors", other / f"{name}.safetensors") < PARAM_ATOL, name
+        assert_same_metrics(metrics(one / f"{name}.json"), metrics(other / f"{name}.json"))
+
+
+def test_two_fsdp_processes_train_as_one_and_save_full_weights(tmp_path: Path, one_process: Path) -> None:
     """A full model (separate reference, old log-probs from extra passes, clipping) and LoRA (the
     reference is the sharded policy with adapters disabled; evaluation with a filler batch; the
     best model saved and loaded back): the same parameters and metrics as one process, written as
     full (consolidated) safetensors by the trainer's own save."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert_ok(python("tests/helpers/fsdp_runs.py", str(one)))
+    two = tmp_path / "two"
     result = torchrun("tests/helpers/fsdp_runs.py", str(two), extra_env=FSDP_ENV)
     assert_ok(result)
     assert "(fp32, FSDP2)" in result.stderr + result.stdout  # it did shard
-    for name in CASES:
-        full_one, full_two = load_file(str(one / f"{name}.safetensors")), load_file(str(two / f"{name}.safetensors"))
-        assert {k: v.shape for k, v in full_one.items()} == {k: v.shape for k, v in full_two.items()}, name
-        assert max_param_diff(one / f"{name}.safetensors", two / f"{name}.safetensors") < PARAM_ATOL, name
-        assert_same_metrics(metrics(one / f"{name}.json"), metrics(two / f"{name}.json"))
+    assert_trained_alike(one_process, two)
     saved = sorted(p.name for p in (two / "world2" / "lora" / "run" / "final").iterdir())
     assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved  # LoRA: the adapter only
+
+
+def test_parameter_offload_trains_as_one_unsharded_process(tmp_path: Path, one_process: Path) -> None:
+    """``fsdp_offload_params: true`` (refused before issue 29): the shards, gradients and optimizer state in
+    CPU memory (torch's CPUOffloadPolicy, unpinned: pinning needs an accelerator), on 2 processes and on one
+    (sharded over itself only to offload; LoRA: its frozen base offloaded too): the same parameters and metrics
+    as the unsharded process.
+    On a CPU the shards' device is the compute device, so the copies to and from the GPU, and the
+    gradient norm's reduction on the GPU (:func:`rloo.training.parallel.fsdp._full_norm`), are not run here."""
+    offload = {**FSDP_ENV, "FSDP_OFFLOAD_PARAMS": "true"}
+    two, alone = tmp_path / "two", tmp_path / "alone"
+    result = torchrun("tests/helpers/fsdp_runs.py", str(two), extra_env=offload)
+    assert_ok(result)  # fsdp_runs.py asserts the policy (and reference) were sharded with CPUOffloadPolicy
+    assert "(fp32, FSDP2)" in result.stderr + result.stdout
+    assert_trained_alike(one_process, two)
+    result = python("tests/helpers/fsdp_runs.py", str(alone), "lora", extra_env=offload)  # the frozen base offloaded
+    assert_ok(result)
+    assert "(fp32, FSDP2)" in result.stderr + result.stdout  # one process, sharded
+    assert_trained_alike(one_process, alone, ("lora",))
 
 
 def accelerate_fsdp(run_file: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
