@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rloo.generation.device import model_device
 from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import SampledBatch, ScoredRollout
 from rloo.training import metric_names as names
@@ -90,7 +91,7 @@ class WorkerRollouts(PipelinedRollouts):
 
     def new_worker(self) -> Any:
         policy = self.policy()
-        device = str(next(policy.parameters()).device)
+        device = str(model_device(policy))
         return worker_process.RolloutWorker(copy.deepcopy(policy).cpu(), self.processing_class, self.settings, device)
 
     def next_batch(self) -> ScoredRollout:
@@ -124,7 +125,7 @@ class WorkerRollouts(PipelinedRollouts):
         if all(gap is not None for gap in gaps):
             self.last_metrics[names.ASYNC_SYNC_GAP] = max(gap for gap in gaps if gap is not None)
         sampled = merge_sampled([part for _, part, _ in answers], self.pad_token_id)
-        device = next(self.policy().parameters()).device
+        device = model_device(self.policy())
         sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to(device))
         seconds = max(answer.seconds for _, _, answer in answers)
         scored = self.generate(rows, groups, sampled=(sampled, seconds))
