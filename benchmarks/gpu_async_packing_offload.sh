@@ -17,7 +17,7 @@ if [ -n "${QUICK:-}" ]; then
 else
     PACK=(--model qwen0.5b --bf16 --repeats 5) LONG=(--model qwen0.5b --bf16 --repeats 3 --limit 1024)
     ASYNC=(--steps 6 --hidden 1024 --layers 8 --tokens 256 --only "synchronous,pipelined, in the trainer,worker")
-    OFFLOAD=()
+    OFFLOAD=(--timeout 60)
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no GPU"
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
@@ -30,7 +30,7 @@ part() {  # part NAME SECONDS COMMAND...: run it with a time limit, its output t
     echo "exit $? after ${SECONDS}s in all"
     tail -n 40 "$OUT/$name.txt"
 }
-part packing 100 $PY benchmarks/packing.py "${PACK[@]}" --out "$OUT/packing.json"
-part packing-long 100 $PY benchmarks/packing.py "${LONG[@]}" --out "$OUT/packing-long.json"
-part async 150 $PY benchmarks/async_overlap.py "${ASYNC[@]}" --out "$OUT/async.json"
-part offload 120 $PY benchmarks/offload_memory.py "${OFFLOAD[@]}" --out "$OUT/offload.json"
+part packing 80 $PY benchmarks/packing.py "${PACK[@]}" --out "$OUT/packing.json"
+part packing-long 80 $PY benchmarks/packing.py "${LONG[@]}" --out "$OUT/packing-long.json"
+part async 130 $PY benchmarks/async_overlap.py "${ASYNC[@]}" --out "$OUT/async.json"
+part offload 170 $PY benchmarks/offload_memory.py "${OFFLOAD[@]}" --out "$OUT/offload.json"
