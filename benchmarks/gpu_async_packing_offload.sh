@@ -9,7 +9,7 @@
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
 if [ -n "${QUICK:-}" ]; then
     PACK=(--model tiny --repeats 2) LONG=(--model tiny --repeats 1 --limit 256) ASYNC=(--steps 3 --only synchronous,worker)
