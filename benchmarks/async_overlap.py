@@ -86,9 +86,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64, help="max_completion_length")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--only", default=",".join(SETTINGS), help="the settings to run, comma-separated")
+    parser.add_argument("--only", default=";".join(SETTINGS), help="the settings to run, separated by ;")
     options = parser.parse_args()
-    chosen = {name: SETTINGS[name] for name in options.only.split(",")}
+    chosen = {name: SETTINGS[name] for name in options.only.split(";")}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"{device}: Llama hidden {options.hidden}, {options.layers} layers, {options.tokens}-token completions")
     results = {}

@@ -12,11 +12,11 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
 if [ -n "${QUICK:-}" ]; then
-    PACK=(--model tiny --repeats 2) LONG=(--model tiny --repeats 1 --limit 256) ASYNC=(--steps 3 --only synchronous,worker)
+    PACK=(--model tiny --repeats 2) LONG=(--model tiny --repeats 1 --limit 256) ASYNC=(--steps 3 --only "synchronous;worker")
     OFFLOAD=(--quick)
 else
     PACK=(--model qwen0.5b --bf16 --repeats 5) LONG=(--model qwen0.5b --bf16 --repeats 3 --limit 1024)
-    ASYNC=(--steps 6 --hidden 1024 --layers 8 --tokens 256 --only "synchronous,pipelined, in the trainer,worker")
+    ASYNC=(--steps 6 --hidden 1024 --layers 8 --tokens 256 --only "synchronous;pipelined, in the trainer;worker")
     OFFLOAD=(--timeout 60)
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no GPU"

@@ -192,6 +192,7 @@ def rollout_source(
         )
     if args.rollout_workers:
         from rloo.training.parallel.worker_rollouts import WorkerRollouts
+        from rloo.training.setup.models import resolve_mixed_precision
 
         processing_class, settings = worker
         if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
@@ -207,6 +208,7 @@ def rollout_source(
             settings=settings,
             seed=args.seed,
             workers=args.rollout_workers,
+            mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
             **source,
         )
     return PipelinedRollouts(ranks=ranks, policy=policy, staleness=args.max_staleness, **source)

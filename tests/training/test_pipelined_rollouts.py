@@ -219,3 +219,13 @@ def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version
     with pytest.raises(RuntimeError, match=r"weight sync check failed for the weights of step 2: .* nats away"):
         t.train()
     assert t.state.global_step == 3  # the batches of steps 0-2, sampled by versions 0 and 1, trained
+
+
+def test_the_weight_sync_check_allows_for_mixed_precision(tmp_path: Path) -> None:
+    """Under bf16 autocast (accelerate wraps the policy's forward in it) the trainer scores the probe in bf16 and
+    the worker's copy in float32: the check takes the half-precision tolerance (a GPU run stopped at step 0 on
+    a 0.013-nat gap before), and the gap it logs is that rounding, not a failed sync."""
+    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=2, bf16=True)
+    t.train()
+    gaps = [row["async/weight_sync_probe_gap"] for row in t.state.log_history if "async/weight_sync_probe_gap" in row]
+    assert len(gaps) == 2 and all(gap < 0.05 for gap in gaps)

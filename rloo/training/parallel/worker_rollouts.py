@@ -69,8 +69,18 @@ def merge_sampled(parts: list[SampledBatch], pad_token_id: int) -> SampledBatch:
 class WorkerRollouts(PipelinedRollouts):
     """:class:`PipelinedRollouts` sampled by ``workers`` worker processes (module docstring)."""
 
-    def __init__(self, *, processing_class: Any, settings: Any, seed: int, workers: int = 1, **pipelined: Any) -> None:
+    def __init__(
+        self,
+        *,
+        processing_class: Any,
+        settings: Any,
+        seed: int,
+        workers: int = 1,
+        mixed_precision: bool = False,
+        **pipelined: Any,
+    ) -> None:
         super().__init__(**pipelined)
+        self.mixed_precision = mixed_precision  # bf16/fp16 autocast: the trainer's probe is scored in it
         self.processing_class, self.settings, self.seed = processing_class, settings, seed
         self.count = workers
         self.workers: list[Any] = []
@@ -194,7 +204,9 @@ class WorkerRollouts(PipelinedRollouts):
         if version not in self.probes:
             return None
         gap = worker_process.probe_gap(self.probes[version], probe)
-        low = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.policy().parameters())
+        low = self.mixed_precision or any(
+            p.dtype in (torch.bfloat16, torch.float16) for p in self.policy().parameters()
+        )
         tolerance = worker_process.PROBE_TOLERANCE_HALF if low else worker_process.PROBE_TOLERANCE
         if not gap <= tolerance:
             raise RuntimeError(
