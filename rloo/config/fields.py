@@ -182,6 +182,12 @@ class RLOOFields:
         "corrected with the vllm_importance_sampling_* weights.",
         trl="max_staleness",
     )
+    weight_sync_steps: int = option(
+        1,
+        "With max_staleness >= 1: the sampling weights are updated every this many optimizer steps, >= 1; a batch "
+        "samples with the last ones at least max_staleness steps old (so up to max_staleness + n - 1).",
+        trl="weight_sync_steps",
+    )
     rollout_workers: int = option(
         0,
         "With max_staleness >= 1: worker processes, each with its own copy of the policy, sample shares of each "

@@ -198,6 +198,16 @@ def _check_off_policy(config: RLOOConfig) -> None:
         )
     if config.max_staleness < 0:
         raise fail("max_staleness", config.max_staleness, "must be >= 0 optimizer steps (0: the synchronous loop)")
+    if isinstance(config.weight_sync_steps, bool) or not isinstance(config.weight_sync_steps, int):
+        raise fail("weight_sync_steps", config.weight_sync_steps, "an integer >= 1 (optimizer steps between syncs)")
+    if config.weight_sync_steps < 1:
+        raise fail("weight_sync_steps", config.weight_sync_steps, "must be >= 1 optimizer steps between weight syncs")
+    if config.weight_sync_steps > 1 and config.max_staleness < 1:
+        raise fail(
+            "weight_sync_steps",
+            config.weight_sync_steps,
+            "syncs an asynchronous pipeline's weights: set max_staleness >= 1 too (0 samples with the current ones)",
+        )
     if isinstance(config.rollout_workers, bool) or not isinstance(config.rollout_workers, int):
         raise fail("rollout_workers", config.rollout_workers, "an integer: 0 (sample in the trainer's process) or more")
     if config.rollout_workers < 0:

@@ -131,15 +131,15 @@ class PipelinedRollouts(SynchronousRollouts):
 
     KEY = "pipelined_rollouts"
 
-    def __init__(self, *, policy: Callable[[], nn.Module], staleness: int, **source: Any) -> None:
+    def __init__(self, *, policy: Callable[[], nn.Module], staleness: int, sync_every: int = 1, **source: Any) -> None:
         super().__init__(**source)
-        self.policy, self.staleness = policy, staleness
+        self.policy, self.staleness, self.sync_every = policy, staleness, sync_every
         self.versions: dict[int, dict[str, Tensor]] = {}
         self.sampler: nn.Module | None = None
         self.loaded: int | None = None
 
     def sampling_weights(self) -> tuple[int, nn.Module | None]:
-        version = max(0, self.policy_version - self.staleness)
+        version = sampling_version(self.policy_version, self.staleness, self.sync_every)
         if version not in self.versions and version == self.policy_version:  # before any update: the policy's
             self.versions[version] = trainable_weights(self.policy())
         if version not in self.versions:
@@ -160,8 +160,10 @@ class PipelinedRollouts(SynchronousRollouts):
 
     def policy_updated(self, version: int) -> None:
         super().policy_updated(version)
-        self.versions[version] = trainable_weights(self.policy())
-        for old in [v for v in self.versions if v < version - self.staleness]:
+        if version % self.sync_every == 0:  # a sync point (weight_sync_steps): a version batches sample with
+            self.versions[version] = trainable_weights(self.policy())
+        oldest = sampling_version(version, self.staleness, self.sync_every)  # what the next batch samples with
+        for old in [v for v in self.versions if v < oldest]:
             del self.versions[old]
 
     def state(self) -> dict[str, Any]:
@@ -209,18 +211,29 @@ def rollout_source(
             seed=args.seed,
             workers=args.rollout_workers,
             mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
+            sync_every=args.weight_sync_steps,
             **source,
         )
-    return PipelinedRollouts(ranks=ranks, policy=policy, staleness=args.max_staleness, **source)
+    return PipelinedRollouts(
+        ranks=ranks, policy=policy, staleness=args.max_staleness, sync_every=args.weight_sync_steps, **source
+    )
 
 
-def check_policy_version(scored: ScoredRollout, step: int, staleness: int = 0) -> None:
-    """A batch trained at ``step`` must have been sampled by the policy of step ``max(0, step - staleness)``
-    (``max_staleness``; 0: the policy being trained): anything else is a weight update the sampler missed."""
-    expected = max(0, step - staleness)
+def sampling_version(step: int, staleness: int, sync_every: int = 1) -> int:
+    """The weights that sample the batch trained at ``step``: the last synced ones (every ``sync_every`` =
+    ``weight_sync_steps`` optimizer steps) at least ``staleness`` = ``max_staleness`` steps old,
+    ``n x floor(max(0, step - s) / n)``; so a batch is between s and s + n - 1 steps stale (0 and 0 at s = 0,
+    n = 1: the synchronous loop)."""
+    return sync_every * (max(0, step - staleness) // sync_every)
+
+
+def check_policy_version(scored: ScoredRollout, step: int, staleness: int = 0, sync_every: int = 1) -> None:
+    """A batch trained at ``step`` must have been sampled by the policy of :func:`sampling_version` (``max_staleness``
+    0: the policy being trained): anything else is a weight update the sampler missed."""
+    expected = sampling_version(step, staleness, sync_every)
     if scored.policy_version != expected:
         raise RuntimeError(
             f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}, not "
-            f"{expected} (max_staleness={staleness}): the rollout source missed a weight update "
-            "(RolloutSource.policy_updated)"
+            f"{expected} (max_staleness={staleness}, weight_sync_steps={sync_every}): the rollout source missed a "
+            "weight update (RolloutSource.policy_updated)"
         )

@@ -57,6 +57,8 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"off_policy_mask_threshold": -0.5}, "off_policy_mask_threshold", -0.5, "mean KL kept, > 0"),
     ({"multi_objective_aggregation": "mean"}, "multi_objective_aggregation", "mean", "choose one of"),
     ({"rollout_workers": -1, "max_staleness": 1}, "rollout_workers", -1, ">= 0 (0: sample in the trainer's process)"),
+    ({"weight_sync_steps": 0, "max_staleness": 1}, "weight_sync_steps", 0, "must be >= 1 optimizer steps"),
+    ({"weight_sync_steps": 2}, "weight_sync_steps", 2, "set max_staleness >= 1 too"),
     ({"rollout_workers": 1}, "rollout_workers", 1, "set max_staleness >= 1 too"),
     ({"rollout_workers": 1, "max_staleness": 1, "num_iterations": 2}, "rollout_workers", 1, "is not built yet"),
     ({"max_staleness": -1}, "max_staleness", -1, "must be >= 0 optimizer steps"),

@@ -13,6 +13,7 @@ import torch
 from rloo import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import SampledBatch
+from rloo.training import rollout_source
 from rloo.training.parallel import worker_rollouts
 from rloo.training.rollout_source import PipelinedRollouts, SynchronousRollouts, trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
@@ -229,3 +230,25 @@ def test_the_weight_sync_check_allows_for_mixed_precision(tmp_path: Path) -> Non
     t.train()
     gaps = [row["async/weight_sync_probe_gap"] for row in t.state.log_history if "async/weight_sync_probe_gap" in row]
     assert len(gaps) == 2 and all(gap < 0.05 for gap in gaps)
+
+
+def test_weight_sync_steps_sample_with_the_last_synced_weights(tmp_path: Path) -> None:
+    """s = 1, weights synced every 2 steps: batch t samples with version 2 x floor((t - 1) / 2), so the versions
+    are 0, 0, 0, 2, 2, 4 and the staleness 0, 1, 2, 1, 2, 1; a resumed run equals an uninterrupted one."""
+    straight = run(tmp_path / "straight", max_staleness=1, weight_sync_steps=2, max_steps=6)
+    straight.train()
+    logged = [row for row in straight.state.log_history if "staleness" in row]
+    assert [row["policy_version"] for row in logged] == [0.0, 0.0, 0.0, 2.0, 2.0, 4.0]
+    assert [row["staleness"] for row in logged] == [0.0, 1.0, 2.0, 1.0, 2.0, 1.0]
+    assert sorted(straight.rollouts.versions) == [4, 6]  # what the next batches sample with, and the newest
+    run(tmp_path / "resumed", max_staleness=1, weight_sync_steps=2, max_steps=3, save_steps=3).train()
+    resumed = run(tmp_path / "resumed", max_staleness=1, weight_sync_steps=2, max_steps=6)
+    resumed.train(resume_from_checkpoint=True)
+    a, b = params(straight.unwrapped_model), params(resumed.unwrapped_model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_sampling_versions_hand_example() -> None:
+    assert [rollout_source.sampling_version(t, 0) for t in range(4)] == [0, 1, 2, 3]  # the synchronous loop
+    assert [rollout_source.sampling_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
+    assert [rollout_source.sampling_version(t, 1, 3) for t in range(8)] == [0, 0, 0, 0, 3, 3, 3, 6]

@@ -35,7 +35,7 @@ from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import SampledBatch, ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.parallel import rollout_worker as worker_process
-from rloo.training.rollout_source import PipelinedRollouts
+from rloo.training.rollout_source import PipelinedRollouts, sampling_version
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3
@@ -187,15 +187,18 @@ class WorkerRollouts(PipelinedRollouts):
         for step in range(self.requested_to + 1, last + 1):
             if step not in self.inflight:
                 rows, groups = self.draw()
-                self.inflight[step] = (rows, groups, max(0, step - self.staleness))
+                self.inflight[step] = (rows, groups, sampling_version(step, self.staleness, self.sync_every))
             for index in range(self.count):
                 self.request(index, step)
             self.requested_to = step
 
     def note_probe(self, version: int) -> None:
         """The trainer's probe log-probs of ``version`` (the policy holds its weights now)."""
+        if version % self.sync_every:  # no batch samples with it (weight_sync_steps)
+            return
         self.probes[version] = worker_process.probe_logprobs(self.policy())
-        for old in [v for v in self.probes if v < version - self.staleness]:
+        oldest = sampling_version(version, self.staleness, self.sync_every)
+        for old in [v for v in self.probes if v < oldest]:
             del self.probes[old]
 
     def check_sync(self, version: int, probe: Tensor) -> float | None:
