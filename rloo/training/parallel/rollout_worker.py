@@ -9,7 +9,7 @@ queues (torch's multiprocessing: tensors travel through shared memory):
   last, answered with ``("batch", step, version, SampledBatch, seconds)`` (or ``("error", step, traceback)``);
 - ``("stop",)``.
 
-The pipeline is :class:`rloo.training.rollout_source.PipelinedRollouts`': the batch trained at step t is sampled
+The pipeline is :class:`rloo.training.rollouts.source.PipelinedRollouts`': the batch trained at step t is sampled
 by the weights after step ``max(0, t - s)``. After optimizer step t the trainer sends the weights of step t and
 asks for the batch of step ``t + s``, then trains the batch of step t + 1, which the worker sampled while the
 trainer trained the one before: with s >= 1 the worker is one batch ahead. Every completion is seeded by its
