@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from rloo.algo.advantages import groups_with_signal
@@ -118,9 +119,12 @@ def test_one_round_trains_exactly_as_without_dynamic_sampling(tmp_path: Path) ->
     assert dynamic.state.num_groups_seen == plain.state.num_groups_seen == 4
 
 
-def test_the_round_limit_fills_the_batch_warns_and_goes_on(tmp_path: Path) -> None:
+def test_the_round_limit_fills_the_batch_warns_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = trainer(tmp_path, reward_funcs=always_one, dynamic_sampling=True, max_steps=2, max_num_gen_batches=3)
     run.train()
+    assert (
+        "completions per generation (dynamic sampling: groups with a signal, up to 3 rounds)" in capsys.readouterr().err
+    )
     assert [row[names.GEN_BATCHES] for row in train_rows(run)] == [3.0, 3.0]
     assert [row[names.FILLED_GROUPS] for row in train_rows(run)] == [2.0, 2.0]
     assert run.state.num_groups_seen == 2 * 3 * 2 and run.state.global_step == 2
