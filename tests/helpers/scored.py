@@ -17,25 +17,28 @@ PAD = 9
 def batch(
     first: int, groups: int, k: int, prompt_width: int, completion_width: int, rewards: torch.Tensor | None = None
 ) -> ScoredRollout:
-    """``groups`` groups of ``k`` rows, group ids ``first...``; row r's tokens are ``100 * id + r`` (the prompt's:
-    one real token, left-padded) and its completion has ``1 + r % completion_width`` real tokens; every row scored,
-    by one reward function: ``rewards`` ``(groups * k,)``, else ``10 * id + r``, all different."""
+    """``groups`` groups of ``k`` rows, group ids ``first...``. Completion j of group g is the same in any batch:
+    its tokens are ``100 * g + j`` (the prompt's: one real token, left-padded to ``prompt_width``), ``1 + (g + j) % 2``
+    of them (right-padded to ``completion_width`` >= 2), its text ``"text g.j"``; every row scored by one reward
+    function: ``rewards`` ``(groups * k,)``, else ``10 * g + j``, all different."""
     n = groups * k
     ids = torch.arange(first, first + groups).repeat_interleave(k)
+    j = torch.arange(n) % k
+    tokens = 100 * ids + j
     prompt_ids = torch.full((n, prompt_width), PAD)
-    prompt_ids[:, -1] = 100 * ids + torch.arange(n)
+    prompt_ids[:, -1] = tokens
     prompt_mask = torch.zeros((n, prompt_width), dtype=torch.long)
     prompt_mask[:, -1] = 1
-    lengths = 1 + torch.arange(n) % completion_width
+    lengths = 1 + (ids + j) % 2
     completion_mask = (torch.arange(completion_width) < lengths[:, None]).float()
-    completion_ids = torch.where(completion_mask.bool(), (100 * ids + torch.arange(n))[:, None], PAD)
+    completion_ids = torch.where(completion_mask.bool(), tokens[:, None], PAD)
     rollout = Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        truncated=torch.arange(n) % 2 == 0,
-        sampling_logprobs=-completion_mask * (1 + torch.arange(n))[:, None],
+        truncated=j == 0,
+        sampling_logprobs=-completion_mask * (1 + tokens)[:, None],
         group_ids=ids,
         vision=VisionInputs(
             [{"pixel_values": torch.full((1, 2), float(i))} for i in ids.tolist()],
@@ -43,18 +46,19 @@ def batch(
         ),
         tool_mask=completion_mask.clone(),
     )
-    rewards = (ids * 10 + torch.arange(n)).float() if rewards is None else rewards.float()
+    rewards = (ids * 10 + j).float() if rewards is None else rewards.float()
     scores = RewardScores(rewards[:, None].clone(), nonfinite_counts=[first], failed_counts=[1])
-    log = RewardLog({"note": [f"row {first}.{r}" for r in range(n)]}, {"calls": [float(first)]})
+    names = [f"{g}.{c}" for g, c in zip(ids.tolist(), j.tolist(), strict=True)]
+    log = RewardLog({"note": [f"row {name}" for name in names]}, {"calls": [float(first)]})
     return ScoredRollout(
         rollout=rollout,
         prompts=[f"prompt {g}" for g in range(first, first + groups)],
-        completion_texts=[f"text {first}.{r}" for r in range(n)],
+        completion_texts=[f"text {name}" for name in names],
         rewards=CombinedRewards(scores, rewards, torch.ones(n, dtype=torch.bool), log),
         num_truncated_prompts=first,
         generate_seconds=1.0,
         score_seconds=0.5,
         policy_version=3,
         images=[[f"image {g}"] for g in range(first, first + groups)],
-        episodes=[Episode(turns=first * 100 + r) for r in range(n)],
+        episodes=[Episode(turns=int(t)) for t in tokens],
     )

@@ -72,7 +72,7 @@ def join(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
     completion_width = max(r.completion_ids.shape[1] for r in rollouts)
 
     def cat(name: str, width: int = 0, value: float = 0.0, left: bool = False) -> Tensor:
-        return torch.cat([_pad(getattr(r, name), width, value, left) for r in rollouts])
+        return _cat([_pad(getattr(r, name), width, value, left) for r in rollouts])
 
     tool_masks = None  # a part sampled without tools (none inserted) has all its tokens the model's
     if any(r.tool_mask is not None for r in rollouts):
@@ -87,7 +87,7 @@ def join(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
         sampling_logprobs=cat("sampling_logprobs", completion_width),
         group_ids=cat("group_ids"),
         vision=_join_vision([r.vision for r in rollouts], prompt_width),
-        tool_mask=None if tool_masks is None else torch.cat([_pad(m, completion_width, 0.0) for m in tool_masks]),
+        tool_mask=None if tool_masks is None else _cat([_pad(m, completion_width, 0.0) for m in tool_masks]),
     )
     return with_totals(
         ScoredRollout(
@@ -161,7 +161,7 @@ def _join_vision(parts: list[VisionInputs | None], width: int) -> VisionInputs |
     padded = [part.pad_left(width) for part in parts if part is not None]
     return VisionInputs(
         [row for part in padded for row in part.images],
-        {name: torch.cat([part.token_types[name] for part in padded]) for name in padded[0].token_types},
+        {name: _cat([part.token_types[name] for part in padded]) for name in padded[0].token_types},
     )
 
 
@@ -173,10 +173,16 @@ def _join_rewards(parts: list[CombinedRewards], sizes: list[int]) -> CombinedRew
         extra[column] = [
             v for part, n in zip(parts, sizes, strict=True) for v in part.log.extra.get(column, [None] * n)
         ]
-    values = torch.cat([part.scores.values for part in parts])
+    values = _cat([part.scores.values for part in parts])
     return CombinedRewards(
         RewardScores(values, parts[0].scores.nonfinite_counts, parts[0].scores.failed_counts),
-        torch.cat([part.rewards for part in parts]),
-        torch.cat([part.scorable for part in parts]),
+        _cat([part.rewards for part in parts]),
+        _cat([part.scorable for part in parts]),
         RewardLog(extra),
     )
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    """``parts`` concatenated on the first one's device: a group sent by another process arrives where
+    :func:`to_device` put it, which for the reward scores (kept on the CPU by the pipeline) is not theirs."""
+    return torch.cat([part.to(parts[0].device) for part in parts])

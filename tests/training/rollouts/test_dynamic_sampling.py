@@ -4,7 +4,10 @@ round by round, counted as generated, resumed exactly. (Two processes against on
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from rloo.pipeline import ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.parallel.distributed import Ranks
 from rloo.training.rollouts.dynamic_sampling import DynamicSampling
+from rloo.training.rollouts.groups import join, to_device
 from rloo.training.rollouts.source import SynchronousRollouts
 from tests.helpers.models import always_one, dataset, frac7_when_odd, make_tokenizer, params, trainer
 from tests.helpers.scored import PAD, batch
@@ -23,15 +27,27 @@ from tests.helpers.scored import PAD, batch
 K = 2
 
 
-def source(with_signal: set[int], max_rounds: int, prompts_per_batch: int = 4) -> DynamicSampling:
-    """Dynamic sampling over a source whose group g's two rewards differ (0, 1) iff g is in ``with_signal``."""
+def source(
+    with_signal: set[int],
+    max_rounds: int,
+    prompts_per_batch: int = 4,
+    ranks: Ranks | None = None,
+    device: str = "cpu",
+) -> DynamicSampling:
+    """Dynamic sampling over a source whose group g's two rewards differ (0, 1) iff g is in ``with_signal``; its
+    batches on ``device`` but for the reward scores, which stay on the CPU (as the pipeline keeps them)."""
 
     def generate(rows: list[dict[str, Any]], groups: list[int], model: Any = None) -> ScoredRollout:
         rewards = torch.tensor([[0.0, 1.0] if g in with_signal else [1.0, 1.0] for g in groups]).flatten()
-        return batch(groups[0], len(groups), K, prompt_width=1, completion_width=2, rewards=rewards)
+        # batches padded to different widths (the same completions): joins pad
+        scored = batch(groups[0], len(groups), K, prompt_width=1, completion_width=2 + groups[0] % 3, rewards=rewards)
+        moved = to_device(scored, torch.device(device))
+        return replace(moved, rewards=replace(moved.rewards, scores=scored.rewards.scores))
 
     prompts = IndexedRows(dataset(40), seed=0, shuffle=False)
-    drawn = SynchronousRollouts(prompts=prompts, generate=generate, ranks=Ranks(), prompts_per_batch=prompts_per_batch)
+    drawn = SynchronousRollouts(
+        prompts=prompts, generate=generate, ranks=ranks or Ranks(), prompts_per_batch=prompts_per_batch
+    )
     return DynamicSampling(drawn, signal=signal, max_rounds=max_rounds, pad_token_id=PAD)
 
 
@@ -79,6 +95,52 @@ def test_one_round_is_the_batch_as_drawn() -> None:
     dynamic = source(with_signal={2}, max_rounds=1)
     drawn = dynamic.next_batch()
     assert drawn.rollout.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and dynamic.groups_drawn == 4
+
+
+class ThreadRanks(Ranks):
+    """Rank ``rank`` of processes simulated by threads: ``gather_objects`` meets the others at a barrier
+    (the exchange logic without torch.distributed; real processes: tests/training/parallel)."""
+
+    def __init__(self, rank: int, hub: Any) -> None:
+        super().__init__(rank, len(hub.values))
+        self.hub = hub
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        self.hub.values[self.rank] = value
+        self.hub.barrier.wait()
+        gathered = list(self.hub.values)
+        self.hub.barrier.wait()  # every rank has read before the next gather writes
+        return gathered
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_ranks_train_the_groups_one_process_trains_each_its_share(device: str) -> None:
+    with_signal = {2, 3, 5, 8, 9, 12}  # round 1 (0-3): 2, 3; round 2 (4-7): 5; round 3 (8-11): 8, 9: 2, 3, 5, 8
+    one = source(with_signal, max_rounds=5, device=device).next_batch()
+    hub = SimpleNamespace(values=[None, None], barrier=threading.Barrier(2, timeout=30))
+    shares: list[ScoredRollout | None] = [None, None]
+
+    def rank(r: int) -> None:
+        shares[r] = source(with_signal, 5, prompts_per_batch=2, ranks=ThreadRanks(r, hub), device=device).next_batch()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first, second = shares
+    assert first is not None and second is not None
+    # rank 0 sampled groups 0-1, 4-5, 8-9 and rank 1 2-3, 6-7, 10-11: each trains groups the other sampled
+    assert first.rollout.group_ids.tolist() == [2, 2, 3, 3] and second.rollout.group_ids.tolist() == [5, 5, 8, 8]
+    together = join([first, second], PAD)
+    assert torch.equal(together.rollout.completion_ids.cpu(), one.rollout.completion_ids.cpu())
+    assert torch.equal(together.rollout.completion_mask.cpu(), one.rollout.completion_mask.cpu())
+    assert together.completion_texts == one.completion_texts and together.prompts == one.prompts
+    assert first.rollout.completion_ids.device.type == device and first.rewards.rewards.device.type == device
+    assert first.sampling_metrics == second.sampling_metrics == one.sampling_metrics
 
 
 # ---------------------------------------------------------------------------- tiny-model runs

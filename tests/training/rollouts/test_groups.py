@@ -19,11 +19,11 @@ def test_taking_groups_keeps_every_row_field_with_its_group() -> None:
         assert torch.equal(getattr(taken.rollout, name), getattr(scored.rollout, name)[rows]), name
     assert taken.rollout.group_ids.tolist() == [12, 12, 10, 10]
     assert taken.prompts == ["prompt 12", "prompt 10"] and taken.images == [["image 12"], ["image 10"]]
-    assert taken.completion_texts == ["text 10.4", "text 10.5", "text 10.0", "text 10.1"]
-    assert [e.turns for e in taken.episodes or []] == [1004, 1005, 1000, 1001]
-    assert taken.rewards.rewards.tolist() == [124.0, 125.0, 100.0, 101.0]
-    assert taken.rewards.scores.values[:, 0].tolist() == [124.0, 125.0, 100.0, 101.0]
-    assert taken.rewards.log.extra["note"] == ["row 10.4", "row 10.5", "row 10.0", "row 10.1"]
+    assert taken.completion_texts == ["text 12.0", "text 12.1", "text 10.0", "text 10.1"]
+    assert [e.turns for e in taken.episodes or []] == [1200, 1201, 1000, 1001]
+    assert taken.rewards.rewards.tolist() == [120.0, 121.0, 100.0, 101.0]
+    assert taken.rewards.scores.values[:, 0].tolist() == [120.0, 121.0, 100.0, 101.0]
+    assert taken.rewards.log.extra["note"] == ["row 12.0", "row 12.1", "row 10.0", "row 10.1"]
     assert taken.rollout.vision is not None and taken.rollout.vision.images[0]["pixel_values"][0, 0] == 12.0
     assert taken.num_truncated_prompts == 10 and taken.policy_version == 3  # per batch: left as it was
 
