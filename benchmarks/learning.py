@@ -17,6 +17,11 @@ Parts (``--parts``):
   ``max_staleness`` = 1 or 2 steps before, with the importance-weight correction (token-level,
   truncated at 3) and without, against s = 0 (its own runs: the part runs alone). Run it with
   ``--parts staleness``: its results go to ``results-staleness.json``.
+* ``dynamic``: rloo at K = 4, 3 seeds, on ``arithmetic`` and ``reversal``: dynamic sampling
+  (``dynamic_sampling``, at most ``max_num_gen_batches`` = 10 rounds per batch) against its own runs
+  without, as many optimizer steps each, held-out accuracy every 10 batches against the completions
+  generated so far (dynamic sampling generates more per batch). Run it with ``--parts dynamic``: its
+  results go to ``results-dynamic.json``.
 
 Compute is equal across the runs of a task: every generation batch holds the same number of
 completions (so K = 8 sees half the prompts K = 4 sees), with the same optimizer, learning rate
@@ -39,7 +44,7 @@ import sys
 import tempfile
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -48,7 +53,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 OUT = HERE / "learning"
 ESTIMATORS = ("rloo", "grpo", "reinforce", "reinforce_pp")
-PARTS = ("estimators", "reversal", "ablations", "staleness")
+PARTS = ("estimators", "reversal", "ablations", "staleness", "dynamic")
+ALONE = ("staleness", "dynamic")  # parts with a results file of their own when run alone
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,10 @@ def staleness_runs() -> dict[str, dict[str, Any]]:
     return runs
 
 
+DYNAMIC_RUNS: dict[str, dict[str, Any]] = {"without": {}, "dynamic sampling": {"dynamic_sampling": True}}
+DYNAMIC_EVAL_EVERY = 10  # generation batches between evaluations: finer than the estimators part's on arithmetic
+
+
 def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
     """Every run of the study: its part, task, seed, label and trainer knobs."""
     seeds, ks, estimators = ((0,), (4,), ("rloo", "reinforce")) if quick else ((0, 1, 2), (2, 4, 8), ESTIMATORS)
@@ -118,6 +128,14 @@ def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
             for seed in seeds
             for label, knobs in stale.items()
         ]
+    if "dynamic" in parts:
+        runs += [
+            {"part": "dynamic", "task": task, "seed": seed, "label": label, "estimator": "rloo"}
+            | {"knobs": {"num_generations": 4, **knobs}, "eval_every": DYNAMIC_EVAL_EVERY}
+            for task in (("reversal",) if quick else ("arithmetic", "reversal"))
+            for seed in seeds
+            for label, knobs in DYNAMIC_RUNS.items()
+        ]
     if "ablations" in parts:
         chosen = ablations()
         if quick:  # one of each kind
@@ -132,16 +150,28 @@ def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
 
 
 class AccuracyCurve:
-    """A trainer callback: held-out greedy accuracy every ``every`` optimizer steps."""
+    """A trainer callback: held-out greedy accuracy every ``every`` optimizer steps, against the completions
+    generated so far; and ``at_budget``: the accuracy at the last step within ``budget`` generated completions
+    (what a run without dynamic sampling generates), from a copy of that step's weights."""
 
-    def __init__(self, task: Any, tokenizer: Any, rows: list[Any], every: int) -> None:
-        self.task, self.tokenizer, self.rows, self.every = task, tokenizer, rows, every
+    def __init__(self, task: Any, tokenizer: Any, rows: list[Any], every: int, budget: int, start: Any) -> None:
+        self.task, self.tokenizer, self.rows, self.every, self.budget = task, tokenizer, rows, every, budget
         self.points: list[tuple[int, float]] = []
+        # the weights of the last step within the budget: the start's until a step ends within it
+        self.within: tuple[int, dict[str, Any]] = (0, {k: v.detach().clone() for k, v in start.state_dict().items()})
+        self.at_budget: tuple[int, float] | None = None
 
     def on_step_end(self, trainer: Any) -> None:
-        step = trainer.state.global_step
-        if step % self.every == 0:
-            self.points.append((step, self.task.accuracy(trainer.unwrapped_model, self.tokenizer, self.rows)))
+        state, model = trainer.state, trainer.unwrapped_model
+        generated = state.num_groups_seen * trainer.args.num_generations  # every round of dynamic sampling
+        if generated <= self.budget:
+            self.within = (generated, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        elif self.at_budget is None:  # the budget was just passed
+            earlier = copy.deepcopy(model)
+            earlier.load_state_dict(self.within[1])
+            self.at_budget = (self.within[0], self.task.accuracy(earlier, self.tokenizer, self.rows))
+        if state.global_step % self.every == 0:
+            self.points.append((generated, self.task.accuracy(model, self.tokenizer, self.rows)))
 
 
 def run_one(start: Any, tokenizer: Any, task: Any, budget: Budget, seed: int, knobs: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +182,8 @@ def run_one(start: Any, tokenizer: Any, task: Any, budget: Budget, seed: int, kn
 
     iterations = knobs.get("num_iterations", 1)
     steps = budget.batches * iterations  # optimizer steps: num_iterations per generation batch
-    curve = AccuracyCurve(task, tokenizer, task.held_out[:300], budget.eval_every * iterations)
+    every, generated = budget.eval_every * iterations, budget.batches * budget.completions  # one round per batch
+    curve = AccuracyCurve(task, tokenizer, task.held_out[:300], every, generated, start)
     with tempfile.TemporaryDirectory() as tmp:
         args = RLOOConfig(
             output_dir=tmp,
@@ -178,12 +209,28 @@ def run_one(start: Any, tokenizer: Any, task: Any, budget: Budget, seed: int, kn
         began = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - began
-    per_step = budget.completions // iterations  # generated completions per optimizer step
     return {
-        "curve": [(step * per_step, accuracy) for step, accuracy in curve.points],
+        "curve": curve.points,
         "final": curve.points[-1][1],
         "seconds": seconds,
+        "generated": trainer.state.num_groups_seen * trainer.args.num_generations,
+        "at_budget": curve.at_budget or curve.points[-1],  # never past the budget: the final evaluation
         **gradient_variance(trainer.state.log_history),
+        **sampling_means(trainer.state.log_history),
+    }
+
+
+def sampling_means(log_history: list[dict[str, float]]) -> dict[str, Any]:
+    """The run's means over its batches (it logs once, at its end) of the share of generated groups without a
+    signal and, with dynamic sampling, of its rounds per batch and of the groups trained without a signal."""
+    from rloo.training import metric_names as names
+
+    logged = next(row for row in reversed(log_history) if "reward" in row)
+    zero_std = logged.get(names.GENERATED_ZERO_STD, logged[names.FRAC_TASK_REWARD_ZERO_STD])
+    return {
+        "generated_zero_std": zero_std,
+        "gen_batches": logged.get(names.GEN_BATCHES, 1.0),
+        "filled_groups": logged.get(names.FILLED_GROUPS, 0.0),
     }
 
 
@@ -219,6 +266,8 @@ def _run_job(run: dict[str, Any], budget: Budget, weights: dict[str, Any], accur
     model, tokenizer = build_demo_model(run["seed"], chars=task.chars)
     model.load_state_dict(weights)
     knobs = {"advantage_estimator": run["estimator"]} | run["knobs"]
+    # a part's finer evaluations (dynamic: every 10 batches), never coarser than the budget's
+    budget = replace(budget, eval_every=min(run.get("eval_every", budget.eval_every), budget.eval_every))
     outcome = run_one(model, tokenizer, task, budget, run["seed"], knobs)
     outcome["curve"].insert(0, (0, accuracy))
     return run | {"k": run["knobs"]["num_generations"], "warm_start": accuracy} | outcome
@@ -274,7 +323,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only tables and plots, from the saved results")
     parser.add_argument("--workers", type=int, default=2, help="processes, one torch thread each (0: this process)")
     options = parser.parse_args()
-    suffix = ("-quick" if options.quick else "") + ("-staleness" if options.parts == ["staleness"] else "")
+    alone = options.parts[0] if len(options.parts) == 1 and options.parts[0] in ALONE else None
+    suffix = ("-quick" if options.quick else "") + (f"-{alone}" if alone else "")
     path = OUT / f"results{suffix}.json"
     budgets = QUICK if options.quick else FULL
     if not options.render:

@@ -95,6 +95,38 @@ def ablation_table(
     return "\n".join(rows)
 
 
+def dynamic_table(runs: list[dict[str, Any]], threshold: float) -> str:
+    """Dynamic sampling against the runs without it, seed by seed: at equal optimizer steps (final) and at
+    equal generated completions (``at_budget``: the last step within what the run without generated)."""
+    rows = [
+        "| run (rloo, K = 4) | final accuracy, equal steps: mean (min-max) | vs without, same seed (points) "
+        "| accuracy at without's completions: mean (min-max) | vs without, same seed (points) "
+        f"| completions to {threshold:.0%}, median (runs) | completions generated (mean) | rounds per batch (mean) "
+        "| generated groups without a signal (mean) | groups filled per batch (mean) | run s (mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    without = {r["seed"]: r for r in runs if not r["knobs"].get("dynamic_sampling")}
+    for label in dict.fromkeys(r["label"] for r in runs):
+        group = [r for r in runs if r["label"] == label and r["seed"] in without]
+        final = [100 * (r["final"] - without[r["seed"]]["final"]) for r in group]
+        equal = [r["at_budget"][1] for r in group]
+        at_budget = [100 * (a - without[r["seed"]]["final"]) for a, r in zip(equal, group, strict=True)]
+        rows.append(
+            f"| {label} | {spread([r['final'] for r in group])} | {_points(final)} | {spread(equal)} "
+            f"| {_points(at_budget)} | {reach(group, threshold)} "
+            f"| {statistics.mean(r['generated'] for r in group):,.0f} "
+            f"| {statistics.mean(r['gen_batches'] for r in group):.2f} "
+            f"| {statistics.mean(r['generated_zero_std'] for r in group):.0%} "
+            f"| {statistics.mean(r['filled_groups'] for r in group):.2f} "
+            f"| {statistics.mean(r['seconds'] for r in group):.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def _points(deltas: list[float]) -> str:
+    return f"{statistics.mean(deltas):+.1f} ({min(deltas):+.1f} to {max(deltas):+.1f})"
+
+
 def timing(document: dict[str, Any]) -> str:
     runs = document["runs"]
     parts = {
@@ -140,7 +172,18 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
         ]
         name = "staleness" + suffix.replace("-staleness", "")  # its own run's suffix names the part already
         plot_ablations(others, synchronous, out / f"{name}.png", "staleness", label)
-    grids = [r for r in runs if r["part"] not in ("ablations", "staleness")]
+    for task in ("arithmetic", "reversal"):
+        dynamic = [r for r in runs if r["part"] == "dynamic" and r["task"] == task]
+        if dynamic:
+            batches, completions = budgets[task]["batches"], budgets[task]["completions"]
+            sections += [
+                f"### Dynamic sampling on {task} (rloo, K = 4, {batches} batches of {completions} completions)",
+                dynamic_table(dynamic, budgets[task]["threshold"]),
+            ]
+    if any(r["part"] == "dynamic" for r in runs):
+        name = "dynamic" + suffix.replace("-dynamic", "")
+        plot_dynamic([r for r in runs if r["part"] == "dynamic"], out / f"{name}.png")
+    grids = [r for r in runs if r["part"] not in ("ablations", "staleness", "dynamic")]
     if grids:
         plot_variance(grids, out / f"variance{suffix}.png")
     return "\n\n".join(sections)
@@ -153,6 +196,27 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _accuracy_axes(ax: Any, title: str, fontsize: int | None = 8) -> None:
+    """Held-out accuracy against generated completions, titled, with a legend."""
+    ax.set_title(title)
+    ax.set_xlabel("generated completions")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.legend(fontsize=fontsize)
+
+
+def _task_panels(plt: Any, runs: list[dict[str, Any]]) -> tuple[Any, list[tuple[Any, str]]]:
+    """A figure with one panel per task of ``runs``, side by side: ``(figure, [(axes, task), ...])``."""
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    return fig, list(zip(axes[0], tasks, strict=True))
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _mean_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
@@ -169,13 +233,8 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, task: str) -> None:
             group = [r for r in runs if r["estimator"] == estimator and r["k"] == k]
             if group:
                 ax.plot(*_mean_curve(group), label=estimator, marker=".")
-        ax.set_title(f"{task}, K = {k} (mean of {len({r['seed'] for r in runs})} seeds)")
-        ax.set_xlabel("generated completions")
-        ax.set_ylabel("held-out greedy accuracy")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        _accuracy_axes(ax, f"{task}, K = {k} (mean of {len({r['seed'] for r in runs})} seeds)", fontsize=None)
+    _save(plt, fig, path)
 
 
 def plot_ablations(
@@ -190,21 +249,28 @@ def plot_ablations(
     ax.plot(*_mean_curve(baseline), label=baseline_label, color="black", linewidth=2)
     for label in dict.fromkeys(r["label"] for r in ablations):
         ax.plot(*_mean_curve([r for r in ablations if r["label"] == label]), label=label, marker=".")
-    ax.set_title(f"arithmetic, rloo K = 4: {what} (mean over seeds)")
-    ax.set_xlabel("generated completions")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _accuracy_axes(ax, f"arithmetic, rloo K = 4: {what} (mean over seeds)")
+    _save(plt, fig, path)
+
+
+def plot_dynamic(runs: list[dict[str, Any]], path: Path) -> None:
+    """Held-out accuracy against generated completions, every run (one line per seed), by task."""
+    plt = _pyplot()
+    fig, panels = _task_panels(plt, runs)
+    for ax, task in panels:
+        for color, label in zip(("black", "tab:orange"), dict.fromkeys(r["label"] for r in runs), strict=False):
+            for i, run in enumerate(r for r in runs if r["task"] == task and r["label"] == label):
+                samples, accuracy = zip(*run["curve"], strict=True)
+                ax.plot(samples, accuracy, color=color, alpha=0.7, marker=".", label=label if i == 0 else None)
+        _accuracy_axes(ax, f"{task}, rloo K = 4: dynamic sampling (one line per seed)")
+    _save(plt, fig, path)
 
 
 def plot_variance(runs: list[dict[str, Any]], path: Path) -> None:
     """Variance reduction vs no baseline of each estimator's own gradient, by task and K."""
     plt = _pyplot()
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    fig, panels = _task_panels(plt, runs)
+    for ax, task in panels:
         ks = sorted({r["k"] for r in runs if r["task"] == task})
         width = 0.8 / len(ESTIMATORS)
         for i, estimator in enumerate(ESTIMATORS):
@@ -219,6 +285,4 @@ def plot_variance(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("1 - Var[G used] / Var[G none]")
         ax.set_title(f"{task}: variance reduction vs no baseline (median of runs)", fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, path)

@@ -121,7 +121,7 @@ class ScoredRollout:
     prompts: the P raw dataset prompts; completion_texts: N decoded completions; rewards:
     per-function scores, the weighted combination and the scorable mask, all ``(N, ...)``;
     num_truncated_prompts: prompts cut to ``max_prompt_length``; policy_version: the optimizer
-    steps the sampling policy had taken (stamped by :mod:`rloo.training.rollout_source`; None
+    steps the sampling policy had taken (stamped by :mod:`rloo.training.rollouts.source`; None
     for rollouts no training step uses, e.g. evaluation's).
     """
 
@@ -135,6 +135,10 @@ class ScoredRollout:
     policy_version: int | None = None
     images: list[list[Any]] | None = None  # each prompt's images (an image column), else None
     episodes: list[Episode] | None = None  # multi-turn rollouts: each completion's episode record
+    # dynamic sampling (rloo.training.rollouts.dynamic_sampling): the metrics of its generation rounds, and the
+    # prompt and completion tokens this process generated in them (None: the rollout's own)
+    sampling_metrics: dict[str, float] = field(default_factory=dict)
+    generated_tokens: int | None = None
 
     def reward_completions(self) -> list[Any]:
         """The N completions as reward functions received them (:func:`completions_for_rewards`)."""

@@ -85,6 +85,10 @@ def test_the_plan_compares_estimators_and_ablations_at_equal_compute() -> None:
     stale = [r["knobs"] for r in runs if r["part"] == "staleness" and r["seed"] == 0]
     assert [k["max_staleness"] for k in stale] == [0, 1, 1, 2, 2]
     assert [k.get("vllm_importance_sampling_correction", True) for k in stale] == [True, True, False, True, False]
+    dynamic = [r for r in runs if r["part"] == "dynamic"]
+    assert len(dynamic) == 2 * 3 * 2 and {r["task"] for r in dynamic} == {"arithmetic", "reversal"}
+    assert all(r["estimator"] == "rloo" and r["knobs"]["num_generations"] == 4 for r in dynamic)
+    assert [r["knobs"].get("dynamic_sampling", False) for r in dynamic if r["seed"] == 0] == [False, True] * 2
 
 
 def test_completions_to_counts_until_the_threshold() -> None:
@@ -97,7 +101,7 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     budgets = {name: learning.Budget(4, 16, 2, 0.5) for name in ("arithmetic", "reversal")}
     saved: list[list[dict[str, Any]]] = []
     runs = learning.run_study(learning.plan(learning.PARTS, quick=True), budgets, saved.append, warm_start_steps=25)
-    assert len(runs) == len(saved) == 8
+    assert len(runs) == len(saved) == 10
     by_label = {r["label"]: r for r in runs if r["part"] != "reversal"}
     for run in runs:
         assert run["curve"][0] == (0, run["warm_start"]) and run["curve"][-1][1] == run["final"]
@@ -110,8 +114,17 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     for heading in ("Estimators on arithmetic", "Estimators on reversal", "Ablations on arithmetic", "Staleness on"):
         assert heading in text
     assert "| KL in loss (beta 0.05) |" in text and "| num_iterations 2 |" in text and "| s = 1, corrected |" in text
+    assert "### Dynamic sampling on reversal" in text and "| dynamic sampling |" in text
+    plain, dynamic = (
+        next(r for r in runs if r["part"] == "dynamic" and r["label"] == x) for x in learning.DYNAMIC_RUNS
+    )
+    assert plain["generated"] == 4 * 16 and plain["gen_batches"] == 1.0  # one round per batch
+    assert dynamic["generated"] == 16 * 4 * dynamic["gen_batches"] >= plain["generated"]  # every round counted
+    assert dynamic["curve"][-1][0] == dynamic["generated"]  # the curve's x: completions generated so far
+    assert dynamic["at_budget"][0] <= plain["generated"] and plain["at_budget"] == plain["curve"][-1]
     for plot in ("curves-arithmetic.png", "curves-reversal.png", "ablations.png", "staleness.png", "variance.png"):
         assert (tmp_path / plot).stat().st_size > 1000
+    assert (tmp_path / "dynamic.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("seed", [0])

@@ -271,11 +271,10 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
     return ADVANTAGE_ESTIMATORS.get_entry(name)
 
 
-def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, scorable: Tensor, atol: float = 1e-6) -> float:
-    """Fraction of groups whose scorable rewards are all equal (so every advantage is 0).
-
-    Groups with fewer than 2 scorable members count as zero-std. Shapes ``(N,)``.
-    """
+def groups_with_signal(rewards: Tensor, group_ids: Tensor, scorable: Tensor, atol: float = 1e-6) -> Tensor:
+    """``(G,)`` bool, one per group in sorted group-id order: whether its scorable rewards differ, i.e.
+    ``max - min > atol`` over them. A group whose rewards are all equal, or with fewer than 2 scorable
+    members, gets advantage 0 from every group baseline: it has no learning signal. Shapes ``(N,)``."""
     index, num_groups = _dense_group_index(group_ids)
     r = rewards.to(torch.float64)
     high = torch.full((num_groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
@@ -285,4 +284,18 @@ def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, scorable: Tensor, a
         0, index[scorable], r[scorable], reduce="amin"
     )
     spread = torch.where(torch.isfinite(high - low), high - low, 0.0)
-    return float((spread <= atol).to(torch.float64).mean()) if num_groups else 0.0
+    return spread > atol
+
+
+def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, scorable: Tensor, atol: float = 1e-6) -> float:
+    """Fraction of groups whose scorable rewards are all equal (so every advantage is 0): the groups
+    :func:`groups_with_signal` finds none in, groups with fewer than 2 scorable members included.
+    Shapes ``(N,)``."""
+    signal = groups_with_signal(rewards, group_ids, scorable, atol)
+    return float((~signal).to(torch.float64).mean()) if signal.numel() else 0.0
+
+
+def group_baseline(estimator: str) -> bool:
+    """Whether ``estimator`` (a registered name) subtracts a per-group baseline, so that a group whose
+    rewards are all equal gets advantage 0 (``rloo``, ``grpo``, ``group_mean``, ``reinforce_pp_baseline``)."""
+    return _LEVELS[estimator][0] == "group"

@@ -32,6 +32,7 @@ from rloo.config.legacy import accept_older_names
 from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
 from rloo.config.plumbing import PlumbingFields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
+from rloo.config.sampling_fields import SamplingFields
 from rloo.config.schedule import optimizer_steps, whole_if_integral
 from rloo.config.validation import declared_annotation, fail, validate
 from rloo.config.vllm_fields import VLLMFields
@@ -41,7 +42,7 @@ STEP_FIELDS = ("warmup_steps", "logging_steps", "save_steps", "eval_steps")
 
 
 @dataclass
-class RLOOConfig(FrozenAfterInit, VLLMFields, PlumbingFields, RLOOFields):
+class RLOOConfig(FrozenAfterInit, SamplingFields, VLLMFields, PlumbingFields, RLOOFields):
     """Configuration of an RLOO run. Invalid values raise ``ValueError`` naming the field.
 
     The fields and their documentation are in :class:`rloo.config.fields.RLOOFields`."""

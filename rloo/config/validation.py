@@ -47,7 +47,8 @@ def fail(name: str, value: Any, fix: str) -> ValueError:
 
 def validate(config: RLOOConfig) -> None:
     """Run every check; the first failure raises."""
-    from rloo.config.vllm_fields import check_vllm  # it imports fail from here
+    from rloo.config.sampling_fields import check_sampling  # they import fail from here
+    from rloo.config.vllm_fields import check_vllm
 
     checks = (
         _check_types,
@@ -65,6 +66,7 @@ def validate(config: RLOOConfig) -> None:
         _check_batches,
         _check_logging,
         check_vllm,
+        check_sampling,
     )
     for check in checks:
         check(config)

@@ -72,6 +72,11 @@ class Rollout:
             moved["vision"] = self.vision.to(torch.device(device))
         return dataclasses.replace(self, **moved)
 
+    @property
+    def num_tokens(self) -> int:
+        """Prompt and completion tokens, padding not counted."""
+        return int(self.prompt_mask.sum()) + self.num_completion_tokens
+
     def completion_id_lists(self) -> list[list[int]]:
         """Each completion's token ids up to and including EOS, without padding."""
         return [row[mask.bool()].tolist() for row, mask in zip(self.completion_ids, self.completion_mask, strict=True)]

@@ -65,6 +65,17 @@ class StoredLogprobs:
     reference: Tensor | None
 
 
+def task_rewards(scored: ScoredRollout, args: RLOOConfig, reward_weights: Tensor) -> Tensor:
+    """``(N,)`` the rewards the baseline sees before any KL penalty: the reward functions' weighted sum
+    (``multi_objective_aggregation="normalize_then_sum"``: GDPO's, each function normalized within its
+    group first), clipped to ``reward_clip_range``; ``reward_weights``: ``(F,)``."""
+    combined = scored.rewards.rewards
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        scores = scored.rewards.scores.values.to(combined)
+        combined = normalize_then_sum(scores, reward_weights.to(combined), scored.rollout.group_ids)
+    return clip_rewards(combined, args.reward_clip_range)
+
+
 @dataclass(kw_only=True)
 class ExperienceMaker:
     """Phases 3 and 4 for one run: stored log-probs, then the train batch.
@@ -174,13 +185,9 @@ class ExperienceMaker:
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """Phase 4's math: ``(rewards, loss_mask, per_token_kl, advantages)``, rewards clipped and
         KL-penalized where the KL is a reward penalty; ``stats``: the batch statistics' reach."""
-        args, spec, rollout = self.args, self.spec, scored.rollout
+        spec, rollout = self.spec, scored.rollout
         scorable = scored.rewards.scorable
-        combined = scored.rewards.rewards  # the weighted sum; GDPO's normalize_then_sum is computed per group here
-        if args.multi_objective_aggregation == "normalize_then_sum":
-            scores = scored.rewards.scores.values.to(combined)
-            combined = normalize_then_sum(scores, self.reward_weights.to(combined), rollout.group_ids)
-        rewards = clip_rewards(combined, args.reward_clip_range)
+        rewards = task_rewards(scored, self.args, self.reward_weights)
         loss_mask = rollout.model_mask  # inserted tokens (tool results) are context, never trained on
         if spec.mask_truncated_completions:
             loss_mask = mask_truncated(loss_mask, rollout.truncated)
@@ -223,9 +230,13 @@ class ExperienceMaker:
             policy_objective(inputs, settings, total_tokens=total_tokens, total_sequences=total_sequences).loss
         )
 
-    def tokens_seen(self, rollout: Rollout) -> int:
-        """Prompt and completion tokens of the generation batch, over every process."""
-        (seen,) = self.ranks.sum([float(rollout.prompt_mask.sum()) + rollout.num_completion_tokens])
+    def tokens_seen(self, scored: ScoredRollout) -> int:
+        """Prompt and completion tokens generated for the batch, over every process (dynamic sampling: of
+        every generation round, :attr:`ScoredRollout.generated_tokens`)."""
+        rollout = scored.rollout
+        (seen,) = self.ranks.sum(
+            [float(rollout.num_tokens if scored.generated_tokens is None else scored.generated_tokens)]
+        )
         return int(seen)
 
     def log_completions(self, step: int, scored: ScoredRollout, advantages: Tensor) -> None:
@@ -249,7 +260,8 @@ class ExperienceMaker:
     ) -> dict[str, float]:
         """The generation batch's metrics over every process, warning about what looks wrong."""
         records = self.ranks.gather_objects(batch_record(scored, rewards, advantages))
-        metrics = generation_metrics(merge_records(records), self.reward_names)
+        # with dynamic sampling's metrics of its rounds (global already)
+        metrics = generation_metrics(merge_records(records), self.reward_names) | scored.sampling_metrics
         limit = getattr(self.model().config, "max_position_embeddings", None)
         for message in batch_warnings(metrics, self.reward_names, self.args.max_prompt_length, limit):
             self.warn(message)

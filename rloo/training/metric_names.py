@@ -47,6 +47,16 @@ IS_RATIO_MIN = "sampling/importance_sampling_ratio/min"
 IS_RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
 IS_RATIO_MAX = "sampling/importance_sampling_ratio/max"
 IS_MASKED_FRAC = "sampling/importance_sampling_ratio/masked_frac"
+# dynamic_sampling (rloo.training.rollouts.dynamic_sampling), per batch: its generation rounds (verl's
+# num_gen_batches), the completions they generated (every process's), the groups trained with a signal and
+# without one (the rounds found too few), and of every generated completion: the mean reward and the share of
+# groups without a signal (the batch's reward and frac_*_zero_std are of what it trains)
+GEN_BATCHES = "dynamic_sampling/gen_batches"
+GENERATED_COMPLETIONS = "dynamic_sampling/generated_completions"
+KEPT_GROUPS = "dynamic_sampling/kept_groups"
+FILLED_GROUPS = "dynamic_sampling/filled_groups"
+GENERATED_REWARD = "dynamic_sampling/reward"
+GENERATED_ZERO_STD = "dynamic_sampling/frac_reward_zero_std"
 EVAL_REWARD = "eval_reward"
 TRAIN_LOSS = "train_loss"
 

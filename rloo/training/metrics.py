@@ -144,6 +144,13 @@ def generation_metrics(record: BatchRecord, names: list[str]) -> dict[str, float
     return metrics
 
 
+DYNAMIC_SAMPLING_FILLED = (
+    "dynamic_sampling: max_num_gen_batches generation rounds found fewer groups with a learning signal than a "
+    "batch holds, so groups whose task rewards are all equal completed it (dynamic_sampling/filled_groups counts "
+    "them); raise max_num_gen_batches, or the prompts are too easy or too hard for the policy now"
+)
+
+
 def batch_warnings(
     metrics: dict[str, float], names: list[str], max_prompt_length: int | None, position_limit: int | None
 ) -> list[str]:
@@ -160,6 +167,8 @@ def batch_warnings(
         messages.append("some completions got None from every reward function: they are left out of the baselines")
     if metrics["prompts/truncated"]:
         messages.append(f"prompts longer than max_prompt_length={max_prompt_length} are cut from the left")
+    if metrics.get(metric_names.FILLED_GROUPS):
+        messages.append(DYNAMIC_SAMPLING_FILLED)
     for name in names:
         if metrics.get(f"rewards/{name}/nonfinite"):
             messages.append(f"reward function `{name}` returned NaN/inf: treated as 'does not apply'")

@@ -3,10 +3,10 @@
 One *generation batch* is P prompts x K completions. ``_train_on_next_batch`` runs its phases,
 each one call in a named timer (``timing/<phase>``, :mod:`rloo.training.timing`):
 
-1-2. rollout    K completions per prompt, sampled and scored, from the rollout source
-                (:mod:`rloo.training.rollout_source`; today the KV-cached sampler and the
-                reward functions, :func:`rloo.pipeline.generate_and_score`), stamped with the
-                policy version that sampled them;
+1-2. rollout    K completions per prompt, sampled and scored (:func:`rloo.pipeline.generate_and_score`),
+                from the rollout source (:mod:`rloo.training.rollouts`: refilled with groups that
+                have a signal with ``dynamic_sampling``), stamped with the policy version that
+                sampled them;
 3.   logprobs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
                 more than one optimizer step (else the current ones, detached, are it);
 4.   advantages KL penalty (where its placement puts it) and the baseline of the estimator
@@ -78,7 +78,7 @@ from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine
 from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
-from rloo.training.rollout_source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
+from rloo.training.rollouts.source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
 from rloo.training.setup.models import load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.setup.optimization import prepare_training, total_steps
 from rloo.training.state import TrainerState
@@ -159,14 +159,14 @@ class RLOOTrainer(CallbackMethods):
         self.rollout_settings = RolloutSettings.from_config(
             args, agent=agent, custom=bind_rollout_func(rollout_func, self)
         )
-        self.rollouts: RolloutSource = rollout_source(  # max_staleness >= 1: sampled by older weights
+        self.rollouts: RolloutSource = rollout_source(  # max_staleness >= 1: older weights; dynamic_sampling
             args,
             self.ranks,
             lambda: self.unwrapped_model,
             (self.processing_class, self.rollout_settings),  # a rollout worker's
             prompts=self.sampler,
             generate=functools.partial(self._scored_rollout, sampling_seed=args.seed),
-            prompts_per_batch=args.prompts_per_generation,
+            reward_weights=self.rewards.weights,  # dynamic_sampling: which groups have a signal
         )
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
@@ -304,7 +304,7 @@ class RLOOTrainer(CallbackMethods):
         batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
         batch.metrics[names.STALENESS] = float(step - scored.policy_version)
         batch.metrics.update(self.rollouts.metrics())
-        self.state.num_input_tokens_seen += self.experience.tokens_seen(scored.rollout)
+        self.state.num_input_tokens_seen += self.experience.tokens_seen(scored)
         if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
             self.experience.log_completions(step, scored, batch.advantages)
         if self.grad_variance is not None and self.grad_variance.due(step):

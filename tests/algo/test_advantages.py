@@ -17,6 +17,8 @@ from rloo.algo.advantages import (
     compute_advantages,
     frac_zero_std_groups,
     get_advantage_estimator,
+    group_baseline,
+    groups_with_signal,
     normalize_advantages,
 )
 
@@ -518,3 +520,24 @@ def test_normalize_then_sum_is_finite_whatever_applies(values: list[float], miss
     alone = normalize_then_sum(scores[:, :1], torch.tensor([1.0]), torch.zeros(n, dtype=torch.long))
     if missing >= n - 1:  # the second function applies to at most one completion: it adds nothing
         assert torch.allclose(out, alone)
+
+
+def test_groups_with_signal_in_sorted_group_order() -> None:
+    rewards = t([1.0, 1.0, 0.0, 1.0, 5.0, 7.0, 3.0, 3.0000001, 2.0, 2.0])
+    groups = torch.tensor([4, 4, 1, 1, 2, 2, 3, 3, 0, 0])
+    scorable = torch.tensor([True, True, True, True, True, False, True, True, True, True])
+    # g0 [2, 2] equal; g1 [0, 1] differ; g2 one scorable (7.0 unscorable); g3 spread 1e-7 <= 1e-6; g4 [1, 1] equal
+    assert groups_with_signal(rewards, groups, scorable).tolist() == [False, True, False, False, False]
+    assert groups_with_signal(rewards, groups, scorable, atol=1e-9).tolist() == [False, True, False, True, False]
+    assert groups_with_signal(rewards, groups, torch.ones(10, dtype=torch.bool))[2]  # 5 vs 7 once 7 counts
+    assert frac_zero_std_groups(rewards, groups, scorable) == pytest.approx(0.8, abs=1e-12)  # its complement
+
+
+def test_group_baseline_names_the_estimators_that_zero_an_equal_group() -> None:
+    with_group_mean = {name for name in ADVANTAGE_ESTIMATORS if group_baseline(name)}
+    assert with_group_mean == {"rloo", "grpo", "group_mean", "reinforce_pp_baseline"}
+    equal = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    groups, scorable = torch.tensor([0, 0, 1, 1]), torch.ones(4, dtype=torch.bool)
+    for name in ADVANTAGE_ESTIMATORS:  # what the name promises: group 0 gets 0 exactly when it has one
+        zeroed = bool((get_advantage_estimator(name)(equal, groups, scorable)[:2] == 0).all())
+        assert zeroed == group_baseline(name), name

@@ -23,7 +23,15 @@ from safetensors.torch import save_file
 
 from rloo import RLOOTrainer
 from rloo.algo.losses import AGGREGATION_MODES
-from tests.helpers.models import answer_metrics, dataset, frac7, make_model, make_tokenizer, world_config
+from tests.helpers.models import (
+    answer_metrics,
+    dataset,
+    frac7,
+    frac7_when_odd,
+    make_model,
+    make_tokenizer,
+    world_config,
+)
 
 COMPLETIONS_PER_STEP = 8
 
@@ -34,6 +42,9 @@ CASES.append(("token_mean", False, "reinforce_pp"))
 CASES.append(("token_mean", False, "lora+eval"))
 # each batch sampled by the weights of the step before (max_staleness 1), corrected: the same on 1 and 2 processes
 CASES.append(("token_mean", False, "stale"))
+# dynamic sampling, a reward without a signal for half the prompts: the same rounds, groups and rows per process
+# as one process (a group sampled by one process and trained by the other is sent there)
+CASES.append(("token_mean", False, "dynamic"))
 
 
 def case_name(mode: str, normalize: bool, estimator: str) -> str:
@@ -56,15 +67,16 @@ def main(out: Path) -> None:
     for mode, normalize, estimator in CASES:
         name = case_name(mode, normalize, estimator)
         tok = make_tokenizer()
-        lora_eval, stale = estimator == "lora+eval", estimator == "stale"
+        lora_eval, stale, dynamic = estimator == "lora+eval", estimator == "stale", estimator == "dynamic"
         args = world_config(
             out / f"world{world}" / name,
             world,
             COMPLETIONS_PER_STEP,
             loss_aggregation=mode,
             normalize_advantages=normalize,
-            advantage_estimator="rloo" if lora_eval or stale else estimator,
+            advantage_estimator="rloo" if lora_eval or stale or dynamic else estimator,
             max_staleness=1 if stale else 0,
+            dynamic_sampling=dynamic,
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
             log_grad_variance=1 if estimator in ("reinforce_pp", "lora+eval") else 0,
@@ -74,8 +86,9 @@ def main(out: Path) -> None:
             "eval_dataset": dataset(45)[40:],
             "compute_metrics": recording_hook(out),
         }
+        reward = frac7_when_odd if dynamic else frac7
         trainer = RLOOTrainer(
-            make_model(tok), frac7, args, train_dataset=dataset(), processing_class=tok, **(extra if lora_eval else {})
+            make_model(tok), reward, args, train_dataset=dataset(), processing_class=tok, **(extra if lora_eval else {})
         )
         trainer.train()
         if trainer.ranks.is_main:

@@ -48,6 +48,11 @@ def frac7(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
     return [sum(t == seven for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
 
+def frac7_when_odd(prompts: list[Any], completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """``frac7`` for prompts whose first digit is odd, 0.0 for the others: their groups never have a signal."""
+    return [r if int(str(p)[0]) % 2 else 0.0 for p, r in zip(prompts, frac7(completion_ids), strict=True)]
+
+
 def config(tmp_path: Path, **overrides: Any) -> RLOOConfig:
     values: dict[str, Any] = {
         "output_dir": str(tmp_path / "run"),

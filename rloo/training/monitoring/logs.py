@@ -96,9 +96,12 @@ def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: i
     if world_size > 1:
         prompts = f"{world_size} processes x {prompts} = {world_size * args.prompts_per_generation} prompts"
     name = args.run_name or Path(args.output_dir).name
+    per_generation = "per generation"
+    if getattr(args, "dynamic_sampling", False):
+        per_generation += f" (dynamic sampling: groups with a signal, up to {args.max_num_gen_batches} rounds)"
     return (
         f"run {name}: {trainable:,} trainable / {total:,} parameters on {where}; {max_steps} steps of "
-        f"{prompts} x {args.num_generations} completions per generation; run folder {args.output_dir}"
+        f"{prompts} x {args.num_generations} completions {per_generation}; run folder {args.output_dir}"
     )
 
 

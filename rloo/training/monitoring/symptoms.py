@@ -51,7 +51,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     ),
     "reward_collapse": Symptom(
         "check that the reward function tells completions apart, raise temperature, use more diverse prompts "
-        "(expected once the task is solved)",
+        "(expected once the task is solved), or train on the groups that still differ (dynamic_sampling)",
         0.9,
         "fraction of groups whose completions all got the same *task* reward (before KL) >= this",
     ),

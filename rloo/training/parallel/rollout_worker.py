@@ -15,7 +15,7 @@ The weight-sync check: the trainer scores the same probe tokens with each versio
 them more than :data:`PROBE_TOLERANCE` apart (the sync did not take, or loaded other weights) stops the run,
 naming the version.
 
-The pipeline is :class:`rloo.training.rollout_source.PipelinedRollouts`': the batch trained at step t is sampled
+The pipeline is :class:`rloo.training.rollouts.source.PipelinedRollouts`': the batch trained at step t is sampled
 by the weights after step ``max(0, t - s)``. After optimizer step t the trainer sends the weights of step t and
 asks for the batch of step ``t + s``, then trains the batch of step t + 1, which the worker sampled while the
 trainer trained the one before: with s >= 1 the worker is one batch ahead. Every completion is seeded by its

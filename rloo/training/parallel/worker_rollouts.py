@@ -1,5 +1,5 @@
 """The rollout source of ``rollout_workers`` >= 1: :class:`WorkerRollouts`, the pipeline of
-:class:`rloo.training.rollout_source.PipelinedRollouts` sampled by worker processes
+:class:`rloo.training.rollouts.source.PipelinedRollouts` sampled by worker processes
 (:mod:`rloo.training.parallel.rollout_worker`), which sample the batch of step t + s while the trainer trains the
 batch of step t + 1.
 
@@ -35,7 +35,7 @@ from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import SampledBatch, ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.parallel import rollout_worker as worker_process
-from rloo.training.rollout_source import PipelinedRollouts, sampling_version
+from rloo.training.rollouts.source import PipelinedRollouts, sampling_version
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3

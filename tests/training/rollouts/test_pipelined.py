@@ -1,4 +1,4 @@
-"""``max_staleness`` (rloo.training.rollout_source.PipelinedRollouts): each batch sampled by the weights of s
+"""``max_staleness`` (rloo.training.rollouts.source.PipelinedRollouts): each batch sampled by the weights of s
 optimizer steps before, exactly; corrected with the importance weights; resumed bit-exactly; s = 0 is the
 synchronous loop."""
 
@@ -13,9 +13,9 @@ import torch
 from rloo import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import SampledBatch
-from rloo.training import rollout_source
 from rloo.training.parallel import worker_rollouts
-from rloo.training.rollout_source import PipelinedRollouts, SynchronousRollouts, trainable_weights
+from rloo.training.rollouts import source as rollout_source
+from rloo.training.rollouts.source import PipelinedRollouts, SynchronousRollouts, trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
 
 

@@ -180,11 +180,36 @@ def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
 
 
 def rollout_source(
-    args: Any, ranks: Ranks, policy: Callable[[], nn.Module], worker: tuple[Any, Any], **source: Any
-) -> SynchronousRollouts:
+    args: Any,
+    ranks: Ranks,
+    policy: Callable[[], nn.Module],
+    worker: tuple[Any, Any],
+    *,
+    reward_weights: Tensor,
+    **source: Any,
+) -> RolloutSource:
     """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1 (:class:`WorkerRollouts`
     with ``rollout_workers`` >= 1: ``worker`` is the processing class and rollout settings it needs), else
-    synchronous."""
+    synchronous; each batch of ``prompts_per_generation`` prompts per process. With ``dynamic_sampling``,
+    wrapped in :class:`rloo.training.rollouts.dynamic_sampling.DynamicSampling` (``reward_weights``: the
+    reward functions', which say which groups have a signal)."""
+    drawn = _batches(args, ranks, policy, worker, prompts_per_batch=args.prompts_per_generation, **source)
+    if not args.dynamic_sampling:
+        return drawn
+    from rloo.data.images import is_processor
+    from rloo.training.rollouts.dynamic_sampling import DynamicSampling, task_signal
+
+    processing_class = worker[0]
+    tokenizer = processing_class.tokenizer if is_processor(processing_class) else processing_class
+    signal = task_signal(args, reward_weights)
+    return DynamicSampling(
+        drawn, signal=signal, max_rounds=args.max_num_gen_batches, pad_token_id=tokenizer.pad_token_id
+    )
+
+
+def _batches(
+    args: Any, ranks: Ranks, policy: Callable[[], nn.Module], worker: tuple[Any, Any], **source: Any
+) -> SynchronousRollouts:
     if args.max_staleness == 0:
         return SynchronousRollouts(ranks=ranks, **source)
     if ranks.lockstep:

@@ -1,0 +1,64 @@
+"""The ``RLOOConfig`` fields of dynamic sampling (DAPO's; verl's ``algorithm.filter_groups``; TRL has none):
+train on groups whose rewards differ, drawing more prompts until a batch is full of them.
+:class:`rloo.config.rloo_config.RLOOConfig` puts them after the vLLM fields; what they do is
+:mod:`rloo.training.rollouts.dynamic_sampling`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rloo.config.fields import option
+
+
+@dataclass
+class SamplingFields:
+    """Dynamic-sampling fields of ``RLOOConfig``, with their documentation."""
+
+    dynamic_sampling: bool = option(
+        False,
+        "Train only on groups whose task rewards differ (DAPO's dynamic sampling, verl's filter_groups.enable): "
+        "a group whose K rewards are all equal has zero advantages, so it is dropped and more prompts are drawn, "
+        "round after round, until the batch is full of groups with a signal. Needs a group baseline "
+        "(advantage_estimator rloo, grpo, group_mean or reinforce_pp_baseline).",
+        trl=None,
+    )
+    max_num_gen_batches: int = option(
+        10,
+        "With dynamic_sampling: generation rounds per batch, >= 1 (verl's filter_groups.max_num_gen_batches; "
+        "no unbounded 0). When that many rounds found too few groups with a signal, the batch is completed with "
+        "the earliest groups without one (a warning; dynamic_sampling/filled_groups counts them).",
+        trl=None,
+    )
+
+
+def check_sampling(config: Any) -> None:
+    """The dynamic-sampling fields and what they cannot be combined with yet (``ValueError`` naming the field)."""
+    from rloo.algo.advantages import group_baseline
+    from rloo.config.validation import fail
+
+    if config.max_num_gen_batches < 1:
+        raise fail(
+            "max_num_gen_batches",
+            config.max_num_gen_batches,
+            "give the most generation rounds a batch may take, >= 1 (1: no refill, only the batch drawn)",
+        )
+    if not config.dynamic_sampling:
+        return
+    estimator = config.algorithm.advantage_estimator
+    if not group_baseline(estimator):
+        raise fail(
+            "dynamic_sampling",
+            True,
+            f"advantage_estimator={estimator!r} gives a group whose rewards are all equal a non-zero advantage "
+            "(it has no group baseline), so those groups teach and must not be dropped; use a group baseline "
+            "(rloo, grpo, group_mean, reinforce_pp_baseline) or dynamic_sampling=False",
+        )
+    if config.rollout_workers:
+        raise fail(
+            "dynamic_sampling",
+            True,
+            "not built yet together with rollout_workers=1 (the worker samples one batch per step, ahead of the "
+            "trainer; refill rounds would need more); use rollout_workers=0",
+        )
