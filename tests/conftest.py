@@ -79,3 +79,13 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Any:
+    """accelerate keeps one process-wide mixed-precision setting: a bf16 run needs it reset, before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

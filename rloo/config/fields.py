@@ -175,25 +175,6 @@ class RLOOFields:
         "Upper clip range (ratio <= 1 + epsilon_high), > 0. None = from the preset: equal to epsilon (dapo: 0.28).",
         trl="epsilon_high",
     )
-    max_staleness: int = option(
-        0,
-        "Sample each generation batch with the weights of this many optimizer steps before the ones it trains "
-        "(an asynchronous pipeline's depth), >= 0; 0: the current weights (the synchronous loop). The lag is "
-        "corrected with the vllm_importance_sampling_* weights.",
-        trl="max_staleness",
-    )
-    weight_sync_steps: int = option(
-        1,
-        "With max_staleness >= 1: the sampling weights are updated every this many optimizer steps, >= 1; a batch "
-        "samples with the last ones at least max_staleness steps old (so up to max_staleness + n - 1).",
-        trl="weight_sync_steps",
-    )
-    rollout_workers: int = option(
-        0,
-        "With max_staleness >= 1: worker processes, each with its own copy of the policy, sample shares of each "
-        "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
-        trl=None,
-    )
     off_policy_mask_threshold: float | None = option(
         None,
         "Leave out of the policy loss a completion with a negative advantage whose mean per-token KL from the "

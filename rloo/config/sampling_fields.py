@@ -1,7 +1,9 @@
-"""The ``RLOOConfig`` fields of dynamic sampling (DAPO's; verl's ``algorithm.filter_groups``; TRL has none):
-train on groups whose rewards differ, drawing more prompts until a batch is full of them.
-:class:`rloo.config.rloo_config.RLOOConfig` puts them after the vLLM fields; what they do is
-:mod:`rloo.training.rollouts.dynamic_sampling`'s.
+"""The ``RLOOConfig`` fields of how generation batches are drawn: asynchronous generation (``max_staleness``,
+``weight_sync_steps``, ``rollout_workers``; :mod:`rloo.training.rollouts.source`,
+:mod:`rloo.training.parallel.worker_rollouts`) and dynamic sampling (DAPO's; verl's ``algorithm.filter_groups``;
+TRL has none: train on groups whose rewards differ, drawing more prompts until a batch is full of them;
+:mod:`rloo.training.rollouts.dynamic_sampling`). :class:`rloo.config.rloo_config.RLOOConfig` puts them after
+the vLLM fields.
 """
 
 from __future__ import annotations
@@ -14,8 +16,27 @@ from rloo.config.fields import option
 
 @dataclass
 class SamplingFields:
-    """Dynamic-sampling fields of ``RLOOConfig``, with their documentation."""
+    """Asynchronous-generation and dynamic-sampling fields of ``RLOOConfig``, with their documentation."""
 
+    max_staleness: int = option(
+        0,
+        "Sample each generation batch with the weights of this many optimizer steps before the ones it trains "
+        "(an asynchronous pipeline's depth), >= 0; 0: the current weights (the synchronous loop). The lag is "
+        "corrected with the vllm_importance_sampling_* weights.",
+        trl="max_staleness",
+    )
+    weight_sync_steps: int = option(
+        1,
+        "With max_staleness >= 1: the sampling weights are updated every this many optimizer steps, >= 1; a batch "
+        "samples with the last ones at least max_staleness steps old (so up to max_staleness + n - 1).",
+        trl="weight_sync_steps",
+    )
+    rollout_workers: int = option(
+        0,
+        "With max_staleness >= 1: worker processes, each with its own copy of the policy, sample shares of each "
+        "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
+        trl=None,
+    )
     dynamic_sampling: bool = option(
         False,
         "Train only on groups whose task rewards differ (DAPO's dynamic sampling, verl's filter_groups.enable): "

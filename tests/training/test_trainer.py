@@ -120,16 +120,6 @@ def test_num_iterations_two_uses_old_logprobs_and_clipping(tmp_path: Path) -> No
     assert max(clipped) > 0
 
 
-@pytest.fixture
-def fresh_accelerate_state() -> Any:
-    """accelerate keeps one process-wide mixed-precision setting: a bf16 run needs it reset, before and after."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
 def test_policy_equal_to_reference_has_kl_exactly_zero(

@@ -222,6 +222,7 @@ def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version
     assert t.state.global_step == 3  # the batches of steps 0-2, sampled by versions 0 and 1, trained
 
 
+@pytest.mark.usefixtures("fresh_accelerate_state")
 def test_the_weight_sync_check_allows_for_mixed_precision(tmp_path: Path) -> None:
     """Under bf16 autocast (accelerate wraps the policy's forward in it) the trainer scores the probe in bf16 and
     the worker's copy in float32: the check takes the half-precision tolerance (a GPU run stopped at step 0 on

@@ -75,6 +75,9 @@ class RecordingSource:
     def close(self) -> None:
         self.inner.close()
 
+    def metrics(self) -> dict[str, float]:
+        return self.inner.metrics()
+
 
 def test_the_trainer_takes_its_rollouts_from_the_source_only(tmp_path: Path) -> None:
     t = trainer(tmp_path, max_steps=2)
