@@ -17,6 +17,8 @@ Parts (``--parts``):
   ``max_staleness`` = 1 or 2 steps before, with the importance-weight correction (token-level,
   truncated at 3) and without, against s = 0 (its own runs: the part runs alone). Run it with
   ``--parts staleness``: its results go to ``results-staleness.json``.
+* ``staleness-reversal``: the same on ``reversal`` (``--parts staleness-reversal``,
+  ``results-staleness-reversal.json``).
 * ``dynamic``: rloo at K = 4, 3 seeds, on ``arithmetic`` and ``reversal``: dynamic sampling
   (``dynamic_sampling``, at most ``max_num_gen_batches`` = 10 rounds per batch) against its own runs
   without, as many optimizer steps each, held-out accuracy every 10 batches against the completions
@@ -53,8 +55,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 OUT = HERE / "learning"
 ESTIMATORS = ("rloo", "grpo", "reinforce", "reinforce_pp")
-PARTS = ("estimators", "reversal", "ablations", "staleness", "dynamic")
-ALONE = ("staleness", "dynamic")  # parts with a results file of their own when run alone
+PARTS = ("estimators", "reversal", "ablations", "staleness", "staleness-reversal", "dynamic")
+ALONE = ("staleness", "staleness-reversal", "dynamic")  # parts with a results file of their own when run alone
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def staleness_runs() -> dict[str, dict[str, Any]]:
     return runs
 
 
+STALENESS_PARTS = {"staleness": "arithmetic", "staleness-reversal": "reversal"}  # the part's task
 DYNAMIC_RUNS: dict[str, dict[str, Any]] = {"without": {}, "dynamic sampling": {"dynamic_sampling": True}}
 DYNAMIC_EVAL_EVERY = 10  # generation batches between evaluations: finer than the estimators part's on arithmetic
 
@@ -118,12 +121,14 @@ def plan(parts: tuple[str, ...], quick: bool) -> list[dict[str, Any]]:
                 for k in ks
                 for estimator in estimators
             ]
-    if "staleness" in parts:
+    for part, task in STALENESS_PARTS.items():
+        if part not in parts:
+            continue
         stale = staleness_runs()
         if quick:  # the baseline and one pipelined run
             stale = {label: stale[label] for label in (SYNCHRONOUS, "s = 1, corrected")}
         runs += [
-            {"part": "staleness", "task": "arithmetic", "seed": seed, "label": label, "estimator": "rloo"}
+            {"part": part, "task": task, "seed": seed, "label": label, "estimator": "rloo"}
             | {"knobs": {"num_generations": 4, **knobs}}
             for seed in seeds
             for label, knobs in stale.items()

@@ -161,16 +161,18 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
             ablation_table(ablations, baseline, budgets["arithmetic"]["threshold"]),
         ]
         plot_ablations(ablations, baseline, out / f"ablations{suffix}.png")
-    stale = [r for r in runs if r["part"] == "staleness"]
-    if stale:
+    for part, task in (("staleness", "arithmetic"), ("staleness-reversal", "reversal")):
+        stale = [r for r in runs if r["part"] == part]
+        if not stale:
+            continue
         synchronous = [r for r in stale if r["knobs"].get("max_staleness") == 0]
         label = synchronous[0]["label"] if synchronous else "s = 0"
         others = [r for r in stale if r["knobs"].get("max_staleness")]
         sections += [
-            "### Staleness on arithmetic",
-            ablation_table(others, synchronous, budgets["arithmetic"]["threshold"], label),
+            f"### Staleness on {task}",
+            ablation_table(others, synchronous, budgets[task]["threshold"], label),
         ]
-        name = "staleness" + suffix.replace("-staleness", "")  # its own run's suffix names the part already
+        name = part + suffix.replace(f"-{part}", "")  # its own run's suffix names the part already
         plot_ablations(others, synchronous, out / f"{name}.png", "staleness", label)
     for task in ("arithmetic", "reversal"):
         dynamic = [r for r in runs if r["part"] == "dynamic" and r["task"] == task]
@@ -183,7 +185,7 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
     if any(r["part"] == "dynamic" for r in runs):
         name = "dynamic" + suffix.replace("-dynamic", "")
         plot_dynamic([r for r in runs if r["part"] == "dynamic"], out / f"{name}.png")
-    grids = [r for r in runs if r["part"] not in ("ablations", "staleness", "dynamic")]
+    grids = [r for r in runs if r["part"] not in ("ablations", "staleness", "staleness-reversal", "dynamic")]
     if grids:
         plot_variance(grids, out / f"variance{suffix}.png")
     return "\n\n".join(sections)

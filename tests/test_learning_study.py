@@ -85,6 +85,8 @@ def test_the_plan_compares_estimators_and_ablations_at_equal_compute() -> None:
     stale = [r["knobs"] for r in runs if r["part"] == "staleness" and r["seed"] == 0]
     assert [k["max_staleness"] for k in stale] == [0, 1, 1, 2, 2]
     assert [k.get("vllm_importance_sampling_correction", True) for k in stale] == [True, True, False, True, False]
+    reversal = [r for r in runs if r["part"] == "staleness-reversal"]
+    assert {r["task"] for r in reversal} == {"reversal"} and [r["knobs"] for r in reversal if r["seed"] == 0] == stale
     dynamic = [r for r in runs if r["part"] == "dynamic"]
     assert len(dynamic) == 2 * 3 * 2 and {r["task"] for r in dynamic} == {"arithmetic", "reversal"}
     assert all(r["estimator"] == "rloo" and r["knobs"]["num_generations"] == 4 for r in dynamic)
@@ -101,7 +103,7 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     budgets = {name: learning.Budget(4, 16, 2, 0.5) for name in ("arithmetic", "reversal")}
     saved: list[list[dict[str, Any]]] = []
     runs = learning.run_study(learning.plan(learning.PARTS, quick=True), budgets, saved.append, warm_start_steps=25)
-    assert len(runs) == len(saved) == 10
+    assert len(runs) == len(saved) == 12
     by_label = {r["label"]: r for r in runs if r["part"] != "reversal"}
     for run in runs:
         assert run["curve"][0] == (0, run["warm_start"]) and run["curve"][-1][1] == run["final"]
@@ -122,7 +124,14 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
     assert dynamic["generated"] == 16 * 4 * dynamic["gen_batches"] >= plain["generated"]  # every round counted
     assert dynamic["curve"][-1][0] == dynamic["generated"]  # the curve's x: completions generated so far
     assert dynamic["at_budget"][0] <= plain["generated"] and plain["at_budget"] == plain["curve"][-1]
-    for plot in ("curves-arithmetic.png", "curves-reversal.png", "ablations.png", "staleness.png", "variance.png"):
+    for plot in (
+        "curves-arithmetic.png",
+        "curves-reversal.png",
+        "ablations.png",
+        "staleness.png",
+        "variance.png",
+        "staleness-reversal.png",
+    ):
         assert (tmp_path / plot).stat().st_size > 1000
     assert (tmp_path / "dynamic.png").stat().st_size > 1000
 

@@ -80,6 +80,6 @@ def check_sampling(config: Any) -> None:
         raise fail(
             "dynamic_sampling",
             True,
-            "not built yet together with rollout_workers=1 (the worker samples one batch per step, ahead of the "
-            "trainer; refill rounds would need more); use rollout_workers=0",
+            f"not built yet together with rollout_workers={config.rollout_workers} (workers sample one batch per "
+            "step, ahead of the trainer; refill rounds would need more); use rollout_workers=0",
         )
