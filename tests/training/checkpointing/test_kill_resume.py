@@ -277,8 +277,14 @@ def kill_until_done(run_file: Path, overrides: list[str], output_dir: Path, seed
 # default suite on purpose, so CI runs it
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["num_iterations=2"], ["max_staleness=2"]],
-    ids=["default", "num_iterations=2", "max_staleness=2"],  # the last: the older weights in the checkpoints
+    [
+        [],
+        ["num_iterations=2"],
+        ["max_staleness=2"],
+        # a rollout worker: its batches in flight in the checkpoints, and a worker that exits with its trainer
+        pytest.param(["max_staleness=2", "rollout_workers=1"], marks=pytest.mark.slow),
+    ],
+    ids=["default", "num_iterations=2", "max_staleness=2", "rollout_workers=1"],  # the older weights in checkpoints
 )
 def test_sigkill_at_random_moments_never_loses_or_corrupts_a_run(tmp_path: Path, overrides: list[str]) -> None:
     run_file = write_run_file(tmp_path)
