@@ -40,7 +40,8 @@ CASES.append(("token_mean", False, "reinforce_pp"))
 # LoRA (the reference is the base model, adapters disabled) and an evaluation every step,
 # sharded over the processes (5 eval prompts: an uneven split), with a compute_metrics hook
 CASES.append(("token_mean", False, "lora+eval"))
-# each batch sampled by the weights of the step before (max_staleness 1), corrected: the same on 1 and 2 processes
+# each batch sampled by the weights of the step before (max_staleness 1), corrected, by a rollout worker per
+# trainer process (data-parallel trainers, each with its worker): the same on 1 and 2 processes
 CASES.append(("token_mean", False, "stale"))
 # dynamic sampling, a reward without a signal for half the prompts: the same rounds, groups and rows per process
 # as one process (a group sampled by one process and trained by the other is sent there)
@@ -76,6 +77,7 @@ def main(out: Path) -> None:
             normalize_advantages=normalize,
             advantage_estimator="rloo" if lora_eval or stale or dynamic else estimator,
             max_staleness=1 if stale else 0,
+            rollout_workers=1 if stale else 0,
             dynamic_sampling=dynamic,
             eval_steps=1 if lora_eval else None,
             # the gradient-variance diagnostic, global over processes: with a batch-level baseline and LoRA
