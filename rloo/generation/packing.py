@@ -298,7 +298,7 @@ def packs_rows(model: nn.Module) -> bool:
     try:
         with torch.no_grad():
             after_a, after_other, alone = logits_of_b(a), logits_of_b(other), logits_of_b(None)
-    except (ValueError, TypeError, RuntimeError):  # a forward that needs more than token ids and positions
+    except Exception:  # a forward that needs more than token ids and positions (e.g. 3-D positions): not packed
         _PACKS[model] = False
         return False
     finally:
