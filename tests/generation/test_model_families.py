@@ -494,6 +494,11 @@ def test_vision_rloo_trains_with_images_and_the_reference_sees_them(family: str,
     assert {tuple(row) for row in pixels} <= {tuple(image.tobytes() for image in row) for row in VISION_IMAGES}
 
 
+def test_vision_policies_with_several_rollout_workers_are_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rollout_workers=2 with a vision-language policy is not built yet"):
+        vision_trainer(next(iter(VISION_FAMILIES)), tmp_path, max_staleness=1, rollout_workers=2)
+
+
 @pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_vision_lora_with_beta_trains_the_language_model_only(family: str, tmp_path: Path) -> None:
     from peft import LoraConfig

@@ -218,10 +218,16 @@ def _batches(
             "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
         )
     if args.rollout_workers:
+        from rloo.data.images import is_processor
         from rloo.training.parallel.worker_rollouts import WorkerRollouts
         from rloo.training.setup.models import resolve_mixed_precision
 
         processing_class, settings = worker
+        if args.rollout_workers > 1 and is_processor(processing_class):
+            raise ValueError(
+                f"RLOOConfig.rollout_workers={args.rollout_workers} with a vision-language policy is not built yet "
+                "(its workers' image inputs cannot be put back together); use rollout_workers=1"
+            )
         if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
             raise ValueError(
                 f"RLOOConfig.rollout_workers={args.rollout_workers} with a rollout_func or an environment_factory is "
