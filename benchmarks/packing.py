@@ -90,7 +90,8 @@ def varied_rows(prompts: int, k: int, limit: int, prompt_tokens: int, vocab: int
 def flops_table(model: Any, rows: dict[str, Any]) -> dict[str, Any]:
     """The FLOPs model's count (one forward) of each layout the pass may take, the minimum, and the choice."""
     cost = forward_cost(model)
-    choice = choose_layout(rows["prompt_mask"], rows["completion_mask"], cost, shared=may_share(model), packed=True)
+    masks = rows["prompt_ids"], rows["prompt_mask"], rows["completion_mask"]
+    choice = choose_layout(*masks, cost, shared=may_share(model), packed=True)
     groups = distinct_prompts(rows["prompt_ids"], rows["prompt_mask"])
     inverse = groups[1].tolist() if groups is not None else list(range(len(rows["lengths"])))
     prompt_lengths = [int(n) for n in rows["prompt_mask"].sum(dim=1).tolist()]

@@ -84,10 +84,9 @@ def _laid_out_logprobs(
     """The pass in the layout :func:`rloo.generation.packing.choose_layout` picks: rows packed (where
     ``padding_free`` and the model allow it and it costs fewer FLOPs), else prompts shared (where
     ``share_prompts`` allows it); None where the plain pass runs."""
-    prompt_mask, completion_mask = rows[1], rows[3]
     shared = share_prompts and may_share(model)
     packed = padding_free and packs_rows(model)
-    choice = choose_layout(prompt_mask, completion_mask, forward_cost(model), shared=shared, packed=packed)
+    choice = choose_layout(*rows[:2], rows[3], forward_cost(model), shared=shared, packed=packed)
     if choice.layout == "packed":
         result = packed_logprobs(model, *rows, choice, score, with_entropy, chunk)
         if result is not None:

@@ -191,17 +191,17 @@ class LayoutChoice:
 
 
 def choose_layout(
-    prompt_mask: Tensor, completion_mask: Tensor, cost: ForwardCost, *, shared: bool, packed: bool
+    prompt_ids: Tensor, prompt_mask: Tensor, completion_mask: Tensor, cost: ForwardCost, *, shared: bool, packed: bool
 ) -> LayoutChoice:
-    """The layout of a pass of these masks ``(N, Tp)``, ``(N, Tc)``: packed (where ``packed`` allows it) when
-    it costs fewer FLOPs than the pass would otherwise take, which is the shared path where ``shared``
-    allows it and some prompt repeats (it always runs there: its own buckets weigh it against padding),
-    else plain. ``flops``: each layout considered, plain always (for reports)."""
+    """The layout of a pass of these prompts ``(N, Tp)`` and completion mask ``(N, Tc)``: packed (where
+    ``packed`` allows it) when it costs fewer FLOPs than the pass would otherwise take, which is the shared
+    path where ``shared`` allows it and some prompt repeats (it always runs there: its own buckets weigh it
+    against padding), else plain. ``flops``: each layout considered, plain always (for reports)."""
     prompt_lengths = [int(n) for n in prompt_mask.sum(dim=1).tolist()]
     completion_lengths = completion_lengths_of(completion_mask)
     rows = [p + max(c - 1, 0) for p, c in zip(prompt_lengths, completion_lengths, strict=True)]  # (:func:`pack`)
     flops = {"plain": plain_flops([prompt_mask.shape[1] + completion_mask.shape[1]] * len(rows), cost)}
-    groups = distinct_prompts(prompt_mask.new_zeros(prompt_mask.shape), prompt_mask) if shared else None
+    groups = distinct_prompts(prompt_ids, prompt_mask) if shared else None
     if groups is not None:
         flops["shared"] = shared_flops(prompt_lengths, completion_lengths, groups[1].tolist(), cost)
     base = "shared" if "shared" in flops else "plain"

@@ -55,8 +55,10 @@ class ForwardShapes:
 def forced_packing(monkeypatch: pytest.MonkeyPatch, capacity: str) -> None:
     """Every pass packed where the model allows it: in one bin (``"one"``) or bins of the longest row."""
 
-    def choose(prompt_mask: Any, completion_mask: Any, cost: Any, *, shared: bool, packed: bool) -> Any:
-        choice = choose_layout(prompt_mask, completion_mask, UNIT, shared=False, packed=packed)
+    def choose(
+        prompt_ids: Any, prompt_mask: Any, completion_mask: Any, cost: Any, *, shared: bool, packed: bool
+    ) -> Any:
+        choice = choose_layout(prompt_ids, prompt_mask, completion_mask, UNIT, shared=False, packed=packed)
         if choice.layout != "packed" or capacity == "one":
             return choice
         rows = [int(n) - 1 for n in (prompt_mask.sum(1) + completion_mask.sum(1)).tolist()]  # the last not fed
@@ -137,7 +139,7 @@ def test_rows_with_holes_in_their_masks_take_the_plain_pass(monkeypatch: pytest.
     holed = r.completion_mask.clone()
     holed[0, 1] = 0  # a hole inside row 0's completion
     forced_packing(monkeypatch, "one")
-    choice = choose_layout(r.prompt_mask, holed, UNIT, shared=False, packed=True)
+    choice = choose_layout(r.prompt_ids, r.prompt_mask, holed, UNIT, shared=False, packed=True)
     args = (r.prompt_ids, r.prompt_mask, r.completion_ids, holed, choice)
     assert packing.packed_logprobs(model, *args, lambda z, ids: (z[..., 0], None), False) is None
 
@@ -207,11 +209,19 @@ def test_the_layout_is_the_cheapest_allowed() -> None:
     tokenizer = make_tokenizer()
     r = rows_of_lengths(tokenizer, [1, 2, 40, 3, 1, 40, 2, 3, 5, 1, 38, 4])
     cost = ForwardCost(per_token=10.0, per_pair=0.1, per_forward=50.0)
-    both = choose_layout(r.prompt_mask, r.completion_mask, cost, shared=True, packed=True)
+    rows = (r.prompt_ids, r.prompt_mask, r.completion_mask)
+    both = choose_layout(*rows, cost, shared=True, packed=True)
     assert both.layout == "shared" and both.flops["shared"] < both.flops["packed"] < both.flops["plain"]
-    unshared = choose_layout(r.prompt_mask, r.completion_mask, cost, shared=False, packed=True)
+    unshared = choose_layout(*rows, cost, shared=False, packed=True)
     assert unshared.layout == "packed" and unshared.bins is not None and "shared" not in unshared.flops
-    assert choose_layout(r.prompt_mask, r.completion_mask, cost, shared=False, packed=False).layout == "plain"
+    assert (
+        choose_layout(r.prompt_ids, r.prompt_mask, r.completion_mask, cost, shared=False, packed=False).layout
+        == "plain"
+    )
+    # distinct prompts of the same length repeat no prompt: nothing to share (the ids decide, not the masks)
+    distinct = torch.arange(r.prompt_ids.numel()).view_as(r.prompt_ids) + 10
+    alone = choose_layout(distinct, torch.ones_like(r.prompt_mask), r.completion_mask, cost, shared=True, packed=True)
+    assert alone.layout == "packed" and "shared" not in alone.flops
 
 
 def test_a_run_with_gradient_checkpointing_trains_the_same_packed(tmp_path: Path) -> None:
