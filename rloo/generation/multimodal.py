@@ -84,6 +84,20 @@ class VisionInputs:
         padded = {name: pad(value, (width - value.shape[1], 0)) for name, value in self.token_types.items()}
         return VisionInputs(self.images, padded)
 
+    @staticmethod
+    def concat(parts: Sequence[VisionInputs | None], width: int) -> VisionInputs | None:
+        """The rows of ``parts`` in order, per-token tensors left-padded to ``width`` (None: no part has images)."""
+        if all(part is None for part in parts):
+            return None
+        if any(part is None for part in parts):
+            raise ValueError("cannot join rollouts with and without image inputs")
+        padded = [part.pad_left(width) for part in parts if part is not None]
+        device = next(iter(padded[0].token_types.values())).device if padded[0].token_types else None
+        return VisionInputs(
+            [row for part in padded for row in part.images],
+            {name: torch.cat([part.token_types[name].to(device) for part in padded]) for name in padded[0].token_types},
+        )
+
     def model_inputs(self, completion_width: int = 0) -> dict[str, Tensor]:
         """The forward's keyword inputs for these rows followed by ``completion_width`` text tokens:
         the rows' images concatenated in row order, per-token tensors extended with 0."""

@@ -88,28 +88,34 @@ def _pad_columns(values: Tensor, width: int, value: float, left: bool) -> Tensor
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
-    """``parts``' rows in order as one rollout: prompts left-padded and completions right-padded to the widest
-    part (the padding masked, log-probs 0 there). Text rollouts only."""
-    if any(part.vision is not None for part in parts):
-        raise ValueError("rollouts with image inputs cannot be concatenated yet (rollout_workers > 1 with images)")
+    """``parts``' rows in order as one rollout, on the first part's device: prompts left-padded and completions
+    right-padded to the widest part, with the pad token and a mask of 0 (log-probs 0), as the sampler pads, so
+    no sum over tokens changes. A part without a tool mask has every completion token the model's."""
+    if len(parts) == 1:
+        return parts[0]
+    device = parts[0].completion_ids.device
     tp = max(part.prompt_ids.shape[1] for part in parts)
     tc = max(part.completion_ids.shape[1] for part in parts)
 
-    def joined(name: str, width: int, value: float, left: bool) -> Tensor:
-        return torch.cat([_pad_columns(getattr(part, name), width, value, left) for part in parts])
+    def joined(values: Sequence[Tensor], width: int | None = None, value: float = 0, left: bool = False) -> Tensor:
+        padded = values if width is None else [_pad_columns(v, width, value, left) for v in values]
+        return torch.cat([v.to(device) for v in padded])
+
+    def column(name: str, width: int | None = None, value: float = 0, left: bool = False) -> Tensor:
+        return joined([getattr(part, name) for part in parts], width, value, left)
 
     tool_mask = None
     if any(part.tool_mask is not None for part in parts):
-        masks = [part.model_mask if part.tool_mask is None else part.tool_mask for part in parts]
-        tool_mask = torch.cat([_pad_columns(mask, tc, 0, left=False) for mask in masks])
+        tool_mask = joined([part.model_mask for part in parts], tc)
     return Rollout(
-        prompt_ids=joined("prompt_ids", tp, pad_token_id, left=True),
-        prompt_mask=joined("prompt_mask", tp, 0, left=True),
-        completion_ids=joined("completion_ids", tc, pad_token_id, left=False),
-        completion_mask=joined("completion_mask", tc, 0, left=False),
-        truncated=torch.cat([part.truncated for part in parts]),
-        sampling_logprobs=joined("sampling_logprobs", tc, 0, left=False),
-        group_ids=torch.cat([part.group_ids for part in parts]),
+        prompt_ids=column("prompt_ids", tp, pad_token_id, left=True),
+        prompt_mask=column("prompt_mask", tp, left=True),
+        completion_ids=column("completion_ids", tc, pad_token_id),
+        completion_mask=column("completion_mask", tc),
+        truncated=column("truncated"),
+        sampling_logprobs=column("sampling_logprobs", tc),
+        group_ids=column("group_ids"),
+        vision=VisionInputs.concat([part.vision for part in parts], tp),
         tool_mask=tool_mask,
     )
 

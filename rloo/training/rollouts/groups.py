@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rloo.generation.multimodal import VisionInputs
+from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import ScoredRollout
 from rloo.rewards.calling import CombinedRewards, RewardScores
 from rloo.rewards.reward_log import RewardLog
 
-# the (N, ...) tensors of a Rollout, indexed by row; join pads the (N, T) ones
+# the (N, ...) tensors of a Rollout, indexed by row (take_groups)
 _ROW_TENSORS = (
     "prompt_ids",
     "prompt_mask",
@@ -67,28 +67,7 @@ def join(parts: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
     whole batches; for groups taken from batches (:func:`take_groups`), set them with :func:`with_totals`."""
     if len(parts) == 1:
         return parts[0]
-    rollouts = [part.rollout for part in parts]
-    prompt_width = max(r.prompt_ids.shape[1] for r in rollouts)
-    completion_width = max(r.completion_ids.shape[1] for r in rollouts)
-
-    def cat(name: str, width: int = 0, value: float = 0.0, left: bool = False) -> Tensor:
-        return _cat([_pad(getattr(r, name), width, value, left) for r in rollouts])
-
-    tool_masks = None  # a part sampled without tools (none inserted) has all its tokens the model's
-    if any(r.tool_mask is not None for r in rollouts):
-        tool_masks = [r.completion_mask if r.tool_mask is None else r.tool_mask for r in rollouts]
-    rollout = dataclasses.replace(
-        rollouts[0],
-        prompt_ids=cat("prompt_ids", prompt_width, pad_token_id, left=True),
-        prompt_mask=cat("prompt_mask", prompt_width, 0, left=True),
-        completion_ids=cat("completion_ids", completion_width, pad_token_id),
-        completion_mask=cat("completion_mask", completion_width),
-        truncated=cat("truncated"),
-        sampling_logprobs=cat("sampling_logprobs", completion_width),
-        group_ids=cat("group_ids"),
-        vision=_join_vision([r.vision for r in rollouts], prompt_width),
-        tool_mask=None if tool_masks is None else _cat([_pad(m, completion_width, 0.0) for m in tool_masks]),
-    )
+    rollout = concat_rollouts([part.rollout for part in parts], pad_token_id)
     return with_totals(
         ScoredRollout(
             rollout=rollout,
@@ -133,36 +112,10 @@ def with_totals(batch: ScoredRollout, rounds: Sequence[ScoredRollout]) -> Scored
 
 def to_device(scored: ScoredRollout, device: torch.device) -> ScoredRollout:
     """``scored`` with its tensors on ``device`` (the CPU, to send it to another process, and back)."""
-    rollout, rewards = scored.rollout, scored.rewards
-    moved = dataclasses.replace(
-        rollout,
-        **{name: getattr(rollout, name).to(device) for name in _ROW_TENSORS},
-        vision=None if rollout.vision is None else rollout.vision.to(device),
-        tool_mask=None if rollout.tool_mask is None else rollout.tool_mask.to(device),
-    )
+    rewards = scored.rewards
     scores = dataclasses.replace(rewards.scores, values=rewards.scores.values.to(device))
     combined = CombinedRewards(scores, rewards.rewards.to(device), rewards.scorable.to(device), rewards.log)
-    return dataclasses.replace(scored, rollout=moved, rewards=combined)
-
-
-def _pad(values: Tensor, width: int, value: float, left: bool = False) -> Tensor:
-    """``values`` ``(N, T)`` padded to ``width`` columns (a ``(N,)`` tensor or ``width`` 0: as it is)."""
-    if values.dim() < 2 or width <= values.shape[1]:
-        return values
-    extra = width - values.shape[1]
-    return torch.nn.functional.pad(values, (extra, 0) if left else (0, extra), value=value)
-
-
-def _join_vision(parts: list[VisionInputs | None], width: int) -> VisionInputs | None:
-    if all(part is None for part in parts):
-        return None
-    if any(part is None for part in parts):
-        raise ValueError("cannot join rollouts with and without image inputs")
-    padded = [part.pad_left(width) for part in parts if part is not None]
-    return VisionInputs(
-        [row for part in padded for row in part.images],
-        {name: _cat([part.token_types[name] for part in padded]) for name in padded[0].token_types},
-    )
+    return dataclasses.replace(scored, rollout=scored.rollout.to(device), rewards=combined)
 
 
 def _join_rewards(parts: list[CombinedRewards], sizes: list[int]) -> CombinedRewards:

@@ -226,7 +226,7 @@ def _batches(
         if args.rollout_workers > 1 and is_processor(processing_class):
             raise ValueError(
                 f"RLOOConfig.rollout_workers={args.rollout_workers} with a vision-language policy is not built yet "
-                "(its workers' image inputs cannot be put back together); use rollout_workers=1"
+                "(sampling image prompts in several workers is untested); use rollout_workers=1"
             )
         if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
             raise ValueError(
