@@ -173,7 +173,7 @@ def render(document: dict[str, Any], out: Path, suffix: str = "") -> str:
             ablation_table(others, synchronous, budgets[task]["threshold"], label),
         ]
         name = part + suffix.replace(f"-{part}", "")  # its own run's suffix names the part already
-        plot_ablations(others, synchronous, out / f"{name}.png", "staleness", label)
+        plot_ablations(others, synchronous, out / f"{name}.png", "staleness", label, task)
     for task in ("arithmetic", "reversal"):
         dynamic = [r for r in runs if r["part"] == "dynamic" and r["task"] == task]
         if dynamic:
@@ -245,13 +245,14 @@ def plot_ablations(
     path: Path,
     what: str = "ablations",
     baseline_label: str = "baseline",
+    task: str = "arithmetic",
 ) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.plot(*_mean_curve(baseline), label=baseline_label, color="black", linewidth=2)
     for label in dict.fromkeys(r["label"] for r in ablations):
         ax.plot(*_mean_curve([r for r in ablations if r["label"] == label]), label=label, marker=".")
-    _accuracy_axes(ax, f"arithmetic, rloo K = 4: {what} (mean over seeds)")
+    _accuracy_axes(ax, f"{task}, rloo K = 4: {what} (mean over seeds)")
     _save(plt, fig, path)
 
 
