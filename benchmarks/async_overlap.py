@@ -9,7 +9,12 @@ the same size; ``max_staleness`` 1 everywhere but the first, so the batches are 
 - ``synchronous``: ``max_staleness`` 0, one process, 2 torch threads;
 - ``pipelined, in the trainer``: ``max_staleness`` 1, ``rollout_workers`` 0, one process, 2 threads;
 - ``worker``: ``max_staleness`` 1, ``rollout_workers`` 1: the trainer with 1 thread and the worker with 1;
-- ``worker, trainer with 2 threads``: the same, the trainer with 2 threads (3 threads on 2 cores).
+- ``worker, trainer with 2 threads``: the same, the trainer with 2 threads (3 threads on 2 cores);
+- ``2 workers``, ``4 workers`` (not run by default): each samples a share of the batch; on one GPU, where a
+  small model's decoding is bound by kernel launches, the shares decode side by side.
+
+With workers it also prints the trainer's wait for the batch, the slowest worker's idle time and its time
+receiving and loading weights (``async/*`` metrics), per step.
 
 It prints seconds per step and per 1,000 completions, and the trainer's time in the rollout phase (waiting for
 the worker, or sampling itself) against the rest of the step. A tiny Llama (hidden 256, 4 layers) on the demo's
@@ -37,6 +42,15 @@ SETTINGS = {
     "pipelined, in the trainer": ({"max_staleness": 1}, 2),
     "worker": ({"max_staleness": 1, "rollout_workers": 1}, 1),
     "worker, trainer with 2 threads": ({"max_staleness": 1, "rollout_workers": 1}, 2),
+    "2 workers": ({"max_staleness": 1, "rollout_workers": 2}, 1),  # for a GPU: on 2 CPU cores they share them
+    "4 workers": ({"max_staleness": 1, "rollout_workers": 4}, 1),
+    # on a GPU rloo trains under bf16 autocast by default, and the trainer's process samples in it too, while a
+    # worker's copy samples in float32: these take autocast out of both
+    "synchronous, fp32": ({"max_staleness": 0, "bf16": False}, 2),
+    "worker, fp32": ({"max_staleness": 1, "rollout_workers": 1, "bf16": False}, 1),
+    "4 workers, fp32": ({"max_staleness": 1, "rollout_workers": 4, "bf16": False}, 1),
+    "synchronous, bf16": ({"max_staleness": 0, "bf16": True}, 2),  # bf16 autocast on a CPU too
+    "worker, bf16": ({"max_staleness": 1, "rollout_workers": 1, "bf16": True}, 1),
 }
 
 
@@ -45,6 +59,9 @@ def length_reward(completion_ids: list[list[int]], **_: object) -> list[float]:
 
 
 def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: argparse.Namespace) -> dict[str, float]:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one mixed-precision setting per process otherwise
     torch.set_num_threads(threads)
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(
@@ -70,13 +87,21 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: ar
     logged = [row for row in trainer.state.log_history if "timing/rollout" in row][1:]  # the first: warm-up
     rollout = sum(row["timing/rollout"] for row in logged) / len(logged)
     step = sum(row["timing/step"] for row in logged) / len(logged)
-    return {
+    result = {
         "seconds": seconds,
         "per_step": step,
         "per_1000_completions": 1000 * step / 32,
         "rollout_phase": rollout,
         "rest_of_step": step - rollout,
+        "steps": [round(row["timing/step"], 3) for row in logged],
+        "rollout_phases": [round(row["timing/rollout"], 3) for row in logged],
     }
+    phases = sorted({key for row in logged for key in row if key.startswith("timing/") and key != "timing/step"})
+    result["phases"] = {key[7:]: round(sum(row.get(key, 0.0) for row in logged) / len(logged), 3) for key in phases}
+    for key in ("async/trainer_wait_seconds", "async/worker_idle_seconds", "async/weight_sync_seconds"):
+        if all(key in row for row in logged):
+            result[key.split("/")[1]] = sum(row[key] for row in logged) / len(logged)
+    return result
 
 
 def main() -> None:
@@ -86,7 +111,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64, help="max_completion_length")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--only", default=";".join(SETTINGS), help="the settings to run, separated by ;")
+    parser.add_argument(
+        "--only",
+        default=";".join(list(SETTINGS)[:4]),
+        help=f"the settings to run, separated by ; (of {list(SETTINGS)})",
+    )
     options = parser.parse_args()
     chosen = {name: SETTINGS[name] for name in options.only.split(";")}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -95,7 +124,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for i, (name, (knobs, threads)) in enumerate(chosen.items()):
             results[name] = one_run(knobs, threads, options.steps, Path(folder) / str(i), options)
-            print(name, json.dumps({k: round(v, 3) for k, v in results[name].items()}), flush=True)
+            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in results[name].items()}
+            print(name, json.dumps(shown), flush=True)
     base = results["synchronous"]["per_step"]
     print("\n| setting | s / step | s / 1,000 completions | rollout phase s | rest of step s | vs synchronous |")
     print("|---|---|---|---|---|---|")

@@ -89,9 +89,10 @@ class RLOOConfig(FrozenAfterInit, SamplingFields, VLLMFields, PlumbingFields, RL
 
     def _parse_flag_values(self) -> None:
         """Values as a command line gives them (transformers' HfArgumentParser, TRL's TrlParser):
-        a JSON object for a mapping field, one name for ``report_to`` (:mod:`rloo.config.field_types`)."""
-        if isinstance(self.report_to, str):
-            self._set("report_to", [self.report_to])
+        a JSON object for a mapping field, one name for a list of names (:mod:`rloo.config.field_types`)."""
+        for name in ("report_to", "rollout_worker_devices"):
+            if isinstance(getattr(self, name), str):
+                self._set(name, [getattr(self, name)])
         for name in STEP_FIELDS:  # --logging_steps 10 parses as 10.0: config.yaml records 10
             self._set(name, whole_if_integral(getattr(self, name)))
         for name in self.field_names():
@@ -108,7 +109,7 @@ class RLOOConfig(FrozenAfterInit, SamplingFields, VLLMFields, PlumbingFields, RL
     def _freeze_containers(self) -> None:
         """Containers become immutable too (a frozen config holds no list to append to); the keyword
         mappings passed through to transformers are normalized on the way."""
-        for name in ("report_to", "reward_weights"):
+        for name in ("report_to", "reward_weights", "rollout_worker_devices"):
             if getattr(self, name) is not None:
                 self._set(name, tuple(getattr(self, name)))
         for name, normalize in (

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from rloo.config.field_types import NameList
 from rloo.config.fields import option
 
 
@@ -37,6 +40,13 @@ class SamplingFields:
         "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
         trl=None,
     )
+    rollout_worker_devices: NameList = option(
+        (),
+        "With rollout_workers: the device each worker samples on, one per worker (cpu, cuda, cuda:1, ...); "
+        "empty: the policy's. The weights go to a worker over torch.distributed: NCCL when it and the trainer are "
+        "on two different GPUs, else gloo.",
+        trl=None,
+    )
     dynamic_sampling: bool = option(
         False,
         "Train only on groups whose task rewards differ (DAPO's dynamic sampling, verl's filter_groups.enable): "
@@ -55,9 +65,12 @@ class SamplingFields:
 
 
 def check_sampling(config: Any) -> None:
-    """The dynamic-sampling fields and what they cannot be combined with yet (``ValueError`` naming the field)."""
+    """The worker devices, the dynamic-sampling fields and what they cannot be combined with yet (``ValueError``
+    naming the field)."""
     from rloo.algo.advantages import group_baseline
     from rloo.config.validation import fail
+
+    check_worker_devices(config, fail)
 
     if config.max_num_gen_batches < 1:
         raise fail(
@@ -83,3 +96,40 @@ def check_sampling(config: Any) -> None:
             f"not built yet together with rollout_workers={config.rollout_workers} (workers sample one batch per "
             "step, ahead of the trainer; refill rounds would need more); use rollout_workers=0",
         )
+
+
+def check_worker_devices(config: Any, fail: Any) -> None:
+    """``rollout_worker_devices``: empty, or one CPU or CUDA device per worker (whether this machine has them is
+    checked when training starts: :func:`available_worker_devices`)."""
+    devices = config.rollout_worker_devices
+    if not devices:
+        return
+    if len(devices) != config.rollout_workers:
+        raise fail(
+            "rollout_worker_devices",
+            list(devices),
+            f"give one device per worker: rollout_workers={config.rollout_workers} (or leave it empty: the policy's)",
+        )
+    for device in devices:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            raise fail("rollout_worker_devices", list(devices), f"{device!r} is not a device: use cpu, cuda or cuda:N")
+
+
+def available_worker_devices(devices: Any) -> list[str] | None:
+    """``rollout_worker_devices`` as strings, None when empty; a ``ValueError`` naming a CUDA device this machine
+    does not have."""
+    if not devices:
+        return None
+    for device in devices:
+        parsed = torch.device(device)
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if parsed.type == "cuda" and (parsed.index or 0) >= have:
+            raise ValueError(
+                f"RLOOConfig.rollout_worker_devices names {device!r}, but this machine has {have} CUDA device(s): "
+                "name one it has, or cpu"
+            )
+    return [str(device) for device in devices]

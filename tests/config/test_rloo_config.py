@@ -62,6 +62,18 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"rollout_workers": 1}, "rollout_workers", 1, "set max_staleness >= 1 too"),
     ({"rollout_workers": 1, "max_staleness": 1, "num_iterations": 2}, "rollout_workers", 1, "is not built yet"),
     ({"max_staleness": -1}, "max_staleness", -1, "must be >= 0 optimizer steps"),
+    (
+        {"rollout_worker_devices": ["cpu"], "max_staleness": 1, "rollout_workers": 2},
+        "rollout_worker_devices",
+        ["cpu"],
+        "give one device per worker: rollout_workers=2",
+    ),
+    (
+        {"rollout_worker_devices": ["cpu", "tpu:0"], "max_staleness": 1, "rollout_workers": 2},
+        "rollout_worker_devices",
+        ["cpu", "tpu:0"],
+        "'tpu:0' is not a device: use cpu, cuda or cuda:N",
+    ),
     ({"max_num_gen_batches": 0}, "max_num_gen_batches", 0, "the most generation rounds a batch may take, >= 1"),
     ({"dynamic_sampling": True, "advantage_estimator": "reinforce"}, "dynamic_sampling", True, "no group baseline"),
     ({"dynamic_sampling": True, "preset": "reinforce_pp"}, "dynamic_sampling", True, "'reinforce_pp' gives a group"),

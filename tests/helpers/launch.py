@@ -21,7 +21,7 @@ from tests.helpers.processes import child_env
 BIN = Path(sys.executable).parent
 TIMING = re.compile(
     r"^(timing/.*|tokens_per_second|step_time|train_runtime|train_samples_per_second|train_steps_per_second"
-    r"|async/trainer_wait_seconds|async/worker_idle_seconds)$"
+    r"|async/trainer_wait_seconds|async/worker_idle_seconds|async/weight_sync_seconds)$"
 )
 
 

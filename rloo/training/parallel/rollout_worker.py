@@ -2,10 +2,11 @@
 
 The worker is a spawned process holding its own copy of the policy, the tokenizer and the sampling settings;
 the trainer's process keeps the prompt order, the reward functions and the optimizer. They speak through two
-queues (torch's multiprocessing: tensors travel through shared memory):
+queues (torch's multiprocessing) and send the weights over a torch.distributed group of their own
+(:mod:`rloo.training.parallel.weight_sync`: gloo, or NCCL between two GPUs):
 
-- ``("weights", version, trainable_weights)``: load them (the trainable parameters: a LoRA policy's adapters)
-  and score the probe tokens with them (:func:`probe_logprobs`);
+- ``("weights", version, layout)``: receive the broadcasts that follow (the trainable parameters: a LoRA
+  policy's adapters), load them and score the probe tokens with them (:func:`probe_logprobs`);
 - ``("sample", step, prompts, columns, group_ids, seed)``: sample the batch of ``step`` with the weights loaded
   last, answered with ``("batch", step, version, SampledBatch, Answer)`` (or ``("error", step, traceback)``);
 - ``("stop",)``.
@@ -25,7 +26,8 @@ one thread); the reward functions run in the trainer's process (they need not be
 A worker that dies (killed, out of memory) raises :class:`WorkerDied`, on which the rollout source starts a new
 one (it samples the same batches: every completion is seeded by its group); a worker that raises stops the run
 with the traceback. A worker exits by itself when the trainer's process is gone (it checks its parent every
-second). It samples on the policy's device (one GPU shared with the trainer, or the CPU).
+second). It samples on the policy's device (one GPU shared with the trainer, or the CPU) unless
+``rollout_worker_devices`` names another.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rloo.training.parallel import weight_sync
+
 POLL_SECONDS = 1.0
 # the probe: fixed token ids whose next-token log-probs the worker and the trainer compare after each sync
 PROBE_LENGTH = 16
@@ -57,11 +61,13 @@ class WorkerDied(RuntimeError):
 @dataclass(frozen=True)
 class Answer:
     """A sampled batch's bookkeeping: the seconds it took, the worker's idle seconds waiting for its request,
-    and the log-probs of the probe tokens (:func:`probe_logprobs`) under the weights that sampled it."""
+    the log-probs of the probe tokens (:func:`probe_logprobs`) under the weights that sampled it, and the
+    seconds the worker spent receiving and loading weights since its last answer."""
 
     seconds: float
     idle: float
     probe: Tensor
+    sync_seconds: float = 0.0
 
 
 def probe_logprobs(model: nn.Module) -> Tensor:
@@ -83,18 +89,39 @@ def probe_gap(trainer: Tensor, worker: Tensor) -> float:
 class RolloutWorker:
     """The trainer's handle on one worker process."""
 
-    def __init__(self, model: torch.nn.Module, processing_class: Any, settings: Any, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processing_class: Any,
+        settings: Any,
+        device: str = "cpu",
+        *,
+        store: Any,
+        prefix: str,
+        trainer_device: str = "cpu",
+    ) -> None:
         context = torch.multiprocessing.get_context("spawn")
         self.requests: Any = context.Queue()
         self.results: Any = context.Queue()
+        self.backend = weight_sync.sync_backend(trainer_device, device)
         payload = pickle.dumps((model, processing_class, settings, device))
+        channel = (store.port, prefix, self.backend)
         self.process = context.Process(
-            target=serve, args=(self.requests, self.results, payload, os.getpid()), daemon=True, name="rloo-rollouts"
+            target=serve,
+            args=(self.requests, self.results, payload, os.getpid(), channel),
+            daemon=True,
+            name="rloo-rollouts",
         )
         self.process.start()
+        self.sender = weight_sync.WeightSender(store, prefix, self.backend, trainer_device)
 
     def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        self.requests.put(("weights", version, weights))
+        """Post ``weights`` (the worker loads them before its next batch); a worker that died before joining the
+        group is left for :meth:`receive` to report."""
+        if not self.sender.ready(self.process.is_alive, POLL_SECONDS):
+            return
+        layout = self.sender.send(weights)
+        self.requests.put(("weights", version, layout))
 
     def request(
         self, step: int, prompts: list[Any], columns: dict[str, list[Any]], groups: list[int], seed: int
@@ -129,15 +156,18 @@ class RolloutWorker:
             self.process.terminate()
 
 
-def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
-    """The worker's loop (in the spawned process)."""
+def serve(requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str]) -> None:
+    """The worker's loop (in the spawned process); ``channel``: the trainer's store port, this worker's prefix
+    and the backend of their weight-sync group."""
     from rloo.pipeline import sample_batch
 
     torch.set_num_threads(1)
     model, processing_class, settings, device = pickle.loads(payload)
     model.to(device).eval().requires_grad_(False)
     parameters = dict(model.named_parameters())
-    version, probe, idle = None, torch.zeros(0), 0.0
+    port, prefix, backend = channel
+    receiver = weight_sync.WeightReceiver(port, prefix, backend, device)
+    version, probe, idle, syncing = None, torch.zeros(0), 0.0, 0.0
     while True:
         waited = time.perf_counter()
         try:
@@ -151,10 +181,13 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
         if message[0] == "stop":
             return
         if message[0] == "weights":
-            _, version, weights = message
+            _, version, layout = message
+            began = time.perf_counter()
+            weights = receiver.receive(layout)
             with torch.no_grad():
                 for name, value in weights.items():
                     parameters[name].copy_(value)
+            syncing += time.perf_counter() - began
             probe = probe_logprobs(model)
             continue
         _, step, prompts, columns, groups, seed = message
@@ -174,7 +207,8 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int) -> None:
                     all_done=None,
                 )
             sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to("cpu"))  # no CUDA handles to share
-            results.put(("batch", step, version, sampled, Answer(time.perf_counter() - began, idle, probe)))
-            idle = 0.0
+            answer = Answer(time.perf_counter() - began, idle, probe, syncing)
+            results.put(("batch", step, version, sampled, answer))
+            idle, syncing = 0.0, 0.0
         except Exception:
             results.put(("error", step, traceback.format_exc()))

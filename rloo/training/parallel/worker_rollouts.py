@@ -76,10 +76,14 @@ class WorkerRollouts(PipelinedRollouts):
         settings: Any,
         seed: int,
         workers: int = 1,
+        devices: list[str] | None = None,
         mixed_precision: bool = False,
         **pipelined: Any,
     ) -> None:
         super().__init__(**pipelined)
+        self.devices = devices  # one per worker (None: the policy's)
+        self.store: Any = None  # the rendezvous of the workers' weight-sync groups
+        self.started = 0  # workers started so far (each gets its own group's prefix)
         self.mixed_precision = mixed_precision  # bf16/fp16 autocast: the trainer's probe is scored in it
         self.processing_class, self.settings, self.seed = processing_class, settings, seed
         self.count = workers
@@ -99,15 +103,30 @@ class WorkerRollouts(PipelinedRollouts):
         """The first worker (the only one with ``rollout_workers: 1``)."""
         return self.workers[0] if self.workers else None
 
-    def new_worker(self) -> Any:
+    def new_worker(self, index: int) -> Any:
+        """A worker process for share ``index`` (a new one also when replacing a dead one)."""
+        from rloo.training.parallel.weight_sync import host_store
+
         policy = self.policy()
-        device = str(model_device(policy))
-        return worker_process.RolloutWorker(copy.deepcopy(policy).cpu(), self.processing_class, self.settings, device)
+        trainer_device = str(model_device(policy))
+        device = self.devices[index] if self.devices else trainer_device
+        if self.store is None:
+            self.store = host_store()
+        self.started += 1
+        return worker_process.RolloutWorker(
+            copy.deepcopy(policy).cpu(),
+            self.processing_class,
+            self.settings,
+            device,
+            store=self.store,
+            prefix=f"rloo-weights/{self.started}/",
+            trainer_device=trainer_device,
+        )
 
     def next_batch(self) -> ScoredRollout:
         step = self.policy_version
         if not self.workers:
-            self.workers = [self.new_worker() for _ in range(self.count)]
+            self.workers = [self.new_worker(i) for i in range(self.count)]
             self.sent = [None] * self.count
             self.requested_to = step - 1
             self.note_probe(step)
@@ -131,6 +150,7 @@ class WorkerRollouts(PipelinedRollouts):
             names.ASYNC_WORKER_IDLE: max(answer.idle for _, _, answer in answers),
             names.ASYNC_QUEUE_DEPTH: float(depth),
             names.ASYNC_RESTARTS: float(self.restarts),
+            names.ASYNC_SYNC_SECONDS: max(answer.sync_seconds for _, _, answer in answers),
         }
         if all(gap is not None for gap in gaps):
             self.last_metrics[names.ASYNC_SYNC_GAP] = max(gap for gap in gaps if gap is not None)
@@ -161,7 +181,7 @@ class WorkerRollouts(PipelinedRollouts):
                     stacklevel=2,
                 )
                 self.workers[index].close()
-                self.workers[index], self.sent[index] = self.new_worker(), None
+                self.workers[index], self.sent[index] = self.new_worker(index), None
                 assert self.requested_to is not None
                 for again in range(step, self.requested_to + 1):  # what the dead one was asked for, in order
                     self.request(index, again)

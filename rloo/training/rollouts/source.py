@@ -218,6 +218,7 @@ def _batches(
             "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
         )
     if args.rollout_workers:
+        from rloo.config.sampling_fields import available_worker_devices
         from rloo.data.images import is_processor
         from rloo.training.parallel.worker_rollouts import WorkerRollouts
         from rloo.training.setup.models import resolve_mixed_precision
@@ -241,6 +242,7 @@ def _batches(
             settings=settings,
             seed=args.seed,
             workers=args.rollout_workers,
+            devices=available_worker_devices(args.rollout_worker_devices),
             mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
             sync_every=args.weight_sync_steps,
             **source,

@@ -226,11 +226,15 @@ def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version
 def test_the_weight_sync_check_allows_for_mixed_precision(tmp_path: Path) -> None:
     """Under bf16 autocast (accelerate wraps the policy's forward in it) the trainer scores the probe in bf16 and
     the worker's copy in float32: the check takes the half-precision tolerance (a GPU run stopped at step 0 on
-    a 0.013-nat gap before), and the gap it logs is that rounding, not a failed sync."""
-    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=2, bf16=True)
+    a 0.013-nat gap before), and the gap it logs is that rounding, not a failed sync. The worker's device named
+    (one string: a list of one), its weights cross a gloo group, and the time it took is logged."""
+    t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=2, bf16=True, rollout_worker_devices="cpu")
     t.train()
     gaps = [row["async/weight_sync_probe_gap"] for row in t.state.log_history if "async/weight_sync_probe_gap" in row]
     assert len(gaps) == 2 and all(gap < 0.05 for gap in gaps)
+    assert t.args.rollout_worker_devices == ("cpu",) and t.rollouts.worker.backend == "gloo"
+    synced = [row["async/weight_sync_seconds"] for row in t.state.log_history if "async/weight_sync_seconds" in row]
+    assert len(synced) == 2 and synced[0] > 0 and synced[1] == 0  # batch 1 samples with version 0 too: no sync
 
 
 def test_weight_sync_steps_sample_with_the_last_synced_weights(tmp_path: Path) -> None:
