@@ -8,6 +8,7 @@ the vLLM fields.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,13 @@ class SamplingFields:
         "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
         trl=None,
     )
+    heartbeat_stale_after_s: float = option(
+        300.0,
+        "With rollout_workers: seconds since a worker's last sign of life (it beats at every decoded token and "
+        "every second it waits) after which the trainer treats it as hung, kills it and starts a new one that "
+        "samples the same batches (a restart, of at most 3 a run); > 0.",
+        trl="heartbeat_stale_after_s",
+    )
     rollout_worker_devices: NameList = option(
         (),
         "With rollout_workers: the device each worker samples on, one per worker (cpu, cuda, cuda:1, ...); "
@@ -71,6 +79,9 @@ def check_sampling(config: Any) -> None:
     from rloo.config.validation import fail
 
     check_worker_devices(config, fail)
+    stale = config.heartbeat_stale_after_s
+    if isinstance(stale, bool) or not isinstance(stale, (int, float)) or not math.isfinite(stale) or stale <= 0:
+        raise fail("heartbeat_stale_after_s", stale, "give the seconds without a sign of life that mean hung, > 0")
 
     if config.max_num_gen_batches < 1:
         raise fail(

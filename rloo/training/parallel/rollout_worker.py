@@ -23,7 +23,9 @@ trainer trained the one before: with s >= 1 the worker is one batch ahead. Every
 group, so the worker samples what the trainer's process would (up to float rounding: the worker computes with
 one thread); the reward functions run in the trainer's process (they need not be picklable).
 
-A worker that dies (killed, out of memory) raises :class:`WorkerDied`, on which the rollout source starts a new
+A worker that dies (killed, out of memory) raises :class:`WorkerDied`, and so does one that hangs: it beats a
+shared heartbeat at every decoded token and every second it waits, and one silent for ``heartbeat_stale_after_s``
+seconds (TRL's AsyncGRPO name; TRL then aborts the run) is killed. On either the rollout source starts a new
 one (it samples the same batches: every completion is seeded by its group); a worker that raises stops the run
 with the traceback. A worker exits by itself when the trainer's process is gone (it checks its parent every
 second). It samples on the policy's device (one GPU shared with the trainer, or the CPU) unless
@@ -36,6 +38,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -47,6 +50,8 @@ from torch import Tensor, nn
 from rloo.training.parallel import weight_sync
 
 POLL_SECONDS = 1.0
+CLOSED = ("closed",)  # put by the trainer's process itself: the reader thread stops
+STARTUP_SECONDS = 600.0  # a worker's allowance to give its first sign of life (heartbeat_stale_after_s after it)
 # the probe: fixed token ids whose next-token log-probs the worker and the trainer compare after each sync
 PROBE_LENGTH = 16
 # nats: float32 forwards on two devices or thread counts agree to ~1e-5; a step of training moves them far more
@@ -99,26 +104,31 @@ class RolloutWorker:
         store: Any,
         prefix: str,
         trainer_device: str = "cpu",
+        stale_after: float = 300.0,
     ) -> None:
         context = torch.multiprocessing.get_context("spawn")
         self.requests: Any = context.Queue()
         self.results: Any = context.Queue()
+        self.heartbeat: Any = context.Value("d", 0.0, lock=False)  # the worker's last sign of life (0: none yet)
+        self.stale_after, self.spawned = stale_after, time.time()
         self.backend = weight_sync.sync_backend(trainer_device, device)
         payload = pickle.dumps((model, processing_class, settings, device))
         channel = (store.port, prefix, self.backend)
         self.process = context.Process(
             target=serve,
-            args=(self.requests, self.results, payload, os.getpid(), channel),
+            args=(self.requests, self.results, payload, os.getpid(), channel, self.heartbeat),
             daemon=True,
             name="rloo-rollouts",
         )
         self.process.start()
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self.read, daemon=True, name="rloo-rollouts-reader").start()
         self.sender = weight_sync.WeightSender(store, prefix, self.backend, trainer_device)
 
     def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Post ``weights`` (the worker loads them before its next batch); a worker that died before joining the
         group is left for :meth:`receive` to report."""
-        if not self.sender.ready(self.process.is_alive, POLL_SECONDS):
+        if not self.sender.ready(lambda: self.process.is_alive() and not self.hung(), POLL_SECONDS):
             return
         layout = self.sender.send(weights)
         self.requests.put(("weights", version, layout))
@@ -128,12 +138,45 @@ class RolloutWorker:
     ) -> None:
         self.requests.put(("sample", step, prompts, columns, groups, seed))
 
-    def receive(self, step: int) -> tuple[int, Any, Answer]:
-        """``(version, SampledBatch, Answer)`` of the batch of ``step`` (the next answer: they come in order)."""
+    def silent(self) -> float:
+        """Seconds since the worker's last sign of life (since it was spawned, before its first)."""
+        return time.time() - (float(self.heartbeat.value) or self.spawned)
+
+    def hung(self) -> bool:
+        """Whether the worker gave no sign of life for ``stale_after`` seconds (``heartbeat_stale_after_s``); before
+        its first (importing, loading its copy of the policy) it has :data:`STARTUP_SECONDS` at least."""
+        allowed = self.stale_after if self.heartbeat.value else max(self.stale_after, STARTUP_SECONDS)
+        return self.silent() > allowed
+
+    def read(self) -> None:
+        """The reader thread: the worker's answers into :attr:`inbox`. A worker stopped or killed halfway through
+        writing one would block a reader forever (the trainer's process holds the pipe's other end too, so no
+        end-of-file comes), so the trainer never reads the pipe itself; :meth:`close` wakes a reader that waits."""
         while True:
             try:
-                message = self.results.get(timeout=POLL_SECONDS)
-            except (queue.Empty, EOFError, OSError):  # a killed worker can leave its pipe cut mid-message
+                message = self.results.get()
+            except Exception:  # a cut message: the worker is dead or being replaced
+                return
+            if message == CLOSED:
+                return
+            self.inbox.put(message)
+
+    def receive(self, step: int) -> tuple[int, Any, Answer]:
+        """``(version, SampledBatch, Answer)`` of the batch of ``step`` (the next answer: they come in order); a
+        worker that died, or hung (killed here), raises :class:`WorkerDied`."""
+        while True:
+            try:
+                message = self.inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if self.process.is_alive() and self.hung():
+                    silent = self.silent()
+                    self.process.kill()
+                    self.process.join(timeout=10)
+                    raise WorkerDied(
+                        f"the rollout worker (pid {self.process.pid}) gave no sign of life for {silent:.0f} s "
+                        f"(heartbeat_stale_after_s={self.stale_after:g}) while sampling the batch of step {step}: "
+                        "hung, so it was killed"
+                    ) from None
                 self.process.join(timeout=POLL_SECONDS)
                 if not self.process.is_alive():
                     raise WorkerDied(
@@ -154,12 +197,21 @@ class RolloutWorker:
             self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.terminate()
+        self.results.put(CLOSED)  # the reader's last message (after a cut one it fails to read, and ends too)
 
 
-def serve(requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str]) -> None:
+def serve(
+    requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str], heartbeat: Any
+) -> None:
     """The worker's loop (in the spawned process); ``channel``: the trainer's store port, this worker's prefix
-    and the backend of their weight-sync group."""
+    and the backend of their weight-sync group; ``heartbeat``: a shared number it sets to the time at every
+    decoded token (through the sampler's per-token ``all_done`` callback, which it answers as a lone process
+    does) and every second it waits."""
     from rloo.pipeline import sample_batch
+
+    def beat(done: bool = False) -> bool:
+        heartbeat.value = time.time()
+        return done
 
     torch.set_num_threads(1)
     model, processing_class, settings, device = pickle.loads(payload)
@@ -169,6 +221,7 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int, channel: tup
     receiver = weight_sync.WeightReceiver(port, prefix, backend, device)
     version, probe, idle, syncing = None, torch.zeros(0), 0.0, 0.0
     while True:
+        beat()
         waited = time.perf_counter()
         try:
             message = requests.get(timeout=POLL_SECONDS)
@@ -188,6 +241,7 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int, channel: tup
                 for name, value in weights.items():
                     parameters[name].copy_(value)
             syncing += time.perf_counter() - began
+            beat()
             probe = probe_logprobs(model)
             continue
         _, step, prompts, columns, groups, seed = message
@@ -204,7 +258,7 @@ def serve(requests: Any, results: Any, payload: bytes, parent: int, channel: tup
                     generator=None,
                     sampling_seed=seed,
                     step=0,
-                    all_done=None,
+                    all_done=beat,
                 )
             sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to("cpu"))  # no CUDA handles to share
             answer = Answer(time.perf_counter() - began, idle, probe, syncing)

@@ -77,11 +77,13 @@ class WorkerRollouts(PipelinedRollouts):
         seed: int,
         workers: int = 1,
         devices: list[str] | None = None,
+        stale_after: float = 300.0,
         mixed_precision: bool = False,
         **pipelined: Any,
     ) -> None:
         super().__init__(**pipelined)
         self.devices = devices  # one per worker (None: the policy's)
+        self.stale_after = stale_after  # heartbeat_stale_after_s
         self.store: Any = None  # the rendezvous of the workers' weight-sync groups
         self.started = 0  # workers started so far (each gets its own group's prefix)
         self.mixed_precision = mixed_precision  # bf16/fp16 autocast: the trainer's probe is scored in it
@@ -121,6 +123,7 @@ class WorkerRollouts(PipelinedRollouts):
             store=self.store,
             prefix=f"rloo-weights/{self.started}/",
             trainer_device=trainer_device,
+            stale_after=self.stale_after,
         )
 
     def next_batch(self) -> ScoredRollout:

@@ -243,6 +243,7 @@ def _batches(
             seed=args.seed,
             workers=args.rollout_workers,
             devices=available_worker_devices(args.rollout_worker_devices),
+            stale_after=args.heartbeat_stale_after_s,
             mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
             sync_every=args.weight_sync_steps,
             **source,
