@@ -151,7 +151,10 @@ class Workload:
         """``args``: an RLOOConfig; ``lora``: a peft LoraConfig (or None); ``shards``: FSDP processes."""
         dtype = str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
         weight_bytes = DTYPE_BYTES.get(dtype, 4)
-        mixed = bool(args.bf16 or args.fp16) and weight_bytes == 4
+        from rloo.training.setup.models import bf16_supported
+
+        bf16 = bf16_supported() if args.bf16 is None else bool(args.bf16)  # None: bf16 where the GPU has it
+        mixed = (bf16 or bool(args.fp16)) and weight_bytes == 4
         beta = args.algorithm.beta
         optim = str(args.optim).lower()
         states = next((n for name, n in OPTIMIZER_STATES.items() if optim.startswith(name)), 2)

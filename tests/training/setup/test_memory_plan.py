@@ -150,6 +150,22 @@ def test_workload_from_config_copies_the_reference_only_without_lora(tmp_path: P
     assert not Workload.from_config(no_kl, 16).reference_copy
 
 
+def test_unset_bf16_plans_mixed_precision_where_the_gpu_has_bf16(tmp_path: Path, monkeypatch: Any) -> None:
+    """bf16=None (the default) trains under bf16 autocast on a GPU with bf16: the plan must say so too (it
+    planned float32 activations there before)."""
+    from rloo.training.setup import models
+
+    args = RLOOConfig(output_dir=str(tmp_path), num_generations=4)
+    assert args.bf16 is None
+    monkeypatch.setattr(models, "bf16_supported", lambda: True)
+    assert Workload.from_config(args, 16).mixed_precision
+    monkeypatch.setattr(models, "bf16_supported", lambda: False)
+    assert not Workload.from_config(args, 16).mixed_precision
+    assert not Workload.from_config(
+        RLOOConfig(output_dir=str(tmp_path), bf16=False, num_generations=4), 16
+    ).mixed_precision
+
+
 def test_two_shards_halve_weights_gradients_and_optimizer_state() -> None:
     whole = plan_memory(SHAPE, replace(WORK, reference_copy=True)).phase("training").parts
     sharded = plan_memory(SHAPE, replace(WORK, reference_copy=True, shards=2)).phase("training").parts
