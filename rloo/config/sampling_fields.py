@@ -41,6 +41,14 @@ class SamplingFields:
         "batch, overlapping the trainer's steps (the same batches as 0, in this process); >= 0.",
         trl=None,
     )
+    free_running: bool = option(
+        False,
+        "With rollout_workers: a worker samples each batch with the newest weights it has when it starts it (still "
+        "at most max_staleness + weight_sync_steps - 1 steps old) instead of exactly those of step t - "
+        "max_staleness: less lag when generation is the bottleneck, but a run is no longer reproducible (which "
+        "version samples which batch depends on timing).",
+        trl=None,
+    )
     heartbeat_stale_after_s: float = option(
         300.0,
         "With rollout_workers: seconds since a worker's last sign of life (it beats at every decoded token and "
@@ -79,6 +87,13 @@ def check_sampling(config: Any) -> None:
     from rloo.config.validation import fail
 
     check_worker_devices(config, fail)
+    if config.free_running and not config.rollout_workers:
+        raise fail(
+            "free_running",
+            True,
+            "workers run free of the trainer: set rollout_workers >= 1 (and max_staleness >= 1); the trainer's own "
+            "process always samples the batch of step t with the weights of t - max_staleness",
+        )
     stale = config.heartbeat_stale_after_s
     if isinstance(stale, bool) or not isinstance(stale, (int, float)) or not math.isfinite(stale) or stale <= 0:
         raise fail("heartbeat_stale_after_s", stale, "give the seconds without a sign of life that mean hung, > 0")

@@ -292,7 +292,9 @@ class RLOOTrainer(CallbackMethods):
     def _next_rollouts(self) -> ScoredRollout:
         scored = self.rollouts.next_batch()
         self.state.num_groups_seen = self.rollouts.groups_drawn
-        check_policy_version(scored, self.state.global_step, self.args.max_staleness, self.args.weight_sync_steps)
+        args = self.args
+        step = self.state.global_step
+        check_policy_version(scored, step, args.max_staleness, args.weight_sync_steps, args.free_running)
         self.timer.record("generate", scored.generate_seconds)
         self.timer.record("score", scored.score_seconds)
         return scored

@@ -62,6 +62,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"rollout_workers": 1}, "rollout_workers", 1, "set max_staleness >= 1 too"),
     ({"rollout_workers": 1, "max_staleness": 1, "num_iterations": 2}, "rollout_workers", 1, "is not built yet"),
     ({"max_staleness": -1}, "max_staleness", -1, "must be >= 0 optimizer steps"),
+    ({"free_running": True, "max_staleness": 1}, "free_running", True, "set rollout_workers >= 1"),
     ({"heartbeat_stale_after_s": 0.0}, "heartbeat_stale_after_s", 0.0, "without a sign of life that mean hung, > 0"),
     ({"heartbeat_stale_after_s": NAN}, "heartbeat_stale_after_s", NAN, "must be finite (NaN and infinity are not"),
     (

@@ -105,6 +105,7 @@ class RolloutWorker:
         prefix: str,
         trainer_device: str = "cpu",
         stale_after: float = 300.0,
+        free: bool = False,
     ) -> None:
         context = torch.multiprocessing.get_context("spawn")
         self.requests: Any = context.Queue()
@@ -113,7 +114,7 @@ class RolloutWorker:
         self.stale_after, self.spawned = stale_after, time.time()
         self.backend = weight_sync.sync_backend(trainer_device, device)
         payload = pickle.dumps((model, processing_class, settings, device))
-        channel = (store.port, prefix, self.backend)
+        channel = (store.port, prefix, self.backend, free)
         self.process = context.Process(
             target=serve,
             args=(self.requests, self.results, payload, os.getpid(), channel, self.heartbeat),
@@ -200,69 +201,126 @@ class RolloutWorker:
         self.results.put(CLOSED)  # the reader's last message (after a cut one it fails to read, and ends too)
 
 
-def serve(
-    requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str], heartbeat: Any
-) -> None:
-    """The worker's loop (in the spawned process); ``channel``: the trainer's store port, this worker's prefix
-    and the backend of their weight-sync group; ``heartbeat``: a shared number it sets to the time at every
-    decoded token (through the sampler's per-token ``all_done`` callback, which it answers as a lone process
-    does) and every second it waits."""
-    from rloo.pipeline import sample_batch
+def newest_first(pending: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``free_running``: the ``"weights"`` messages among ``pending`` (in order: their broadcasts arrive in that
+    order), to load before the next batch, the newest last; and the other messages, in order, still to do."""
+    return [m for m in pending if m[0] == "weights"], [m for m in pending if m[0] != "weights"]
 
-    def beat(done: bool = False) -> bool:
-        heartbeat.value = time.time()
+
+def serve(
+    requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str, bool], heartbeat: Any
+) -> None:
+    """The worker's process: :class:`Serving`'s loop."""
+    Serving(requests, results, payload, parent, channel, heartbeat).run()
+
+
+class Serving:
+    """The worker's loop (in the spawned process). ``channel``: the trainer's store port, this worker's prefix,
+    the backend of their weight-sync group and ``free_running`` (before a batch, load the newest weights
+    already sent: :func:`newest_first`); ``heartbeat``: a shared number it sets to the time at every decoded
+    token (through the sampler's per-token ``all_done`` callback, which it answers as a lone process does) and
+    every second it waits."""
+
+    def __init__(
+        self,
+        requests: Any,
+        results: Any,
+        payload: bytes,
+        parent: int,
+        channel: tuple[int, str, str, bool],
+        heartbeat: Any,
+    ) -> None:
+        torch.set_num_threads(1)
+        self.requests, self.results, self.parent, self.heartbeat = requests, results, parent, heartbeat
+        self.model, self.processing_class, self.settings, device = pickle.loads(payload)
+        self.model.to(device).eval().requires_grad_(False)
+        self.parameters = dict(self.model.named_parameters())
+        port, prefix, backend, self.free = channel
+        self.receiver = weight_sync.WeightReceiver(port, prefix, backend, device)
+        self.version: int | None = None
+        self.probe = torch.zeros(0)
+        self.idle = self.syncing = 0.0  # seconds since the last answer
+        self.pending: list[Any] = []  # messages read ahead (free_running)
+
+    def beat(self, done: bool = False) -> bool:
+        self.heartbeat.value = time.time()
         return done
 
-    torch.set_num_threads(1)
-    model, processing_class, settings, device = pickle.loads(payload)
-    model.to(device).eval().requires_grad_(False)
-    parameters = dict(model.named_parameters())
-    port, prefix, backend = channel
-    receiver = weight_sync.WeightReceiver(port, prefix, backend, device)
-    version, probe, idle, syncing = None, torch.zeros(0), 0.0, 0.0
-    while True:
-        beat()
+    def run(self) -> None:
+        while True:
+            self.beat()
+            message = self.next_message()
+            if message is None:
+                if os.getppid() != self.parent:  # the trainer is gone
+                    return
+                continue
+            if message[0] == "stop":
+                return
+            if message[0] == "weights":
+                self.load([message])
+                continue
+            if self.free:  # the weights sent since this request was: the newest sample it
+                self.read_ahead()
+                headers, self.pending = newest_first(self.pending)
+                if headers:
+                    self.load(headers)
+            self.sample(message)
+
+    def next_message(self) -> Any:
+        """The next message (read ahead, or from the queue), None after a second without one."""
+        if self.pending:
+            return self.pending.pop(0)
         waited = time.perf_counter()
         try:
-            message = requests.get(timeout=POLL_SECONDS)
+            return self.requests.get(timeout=POLL_SECONDS)
         except queue.Empty:
-            idle += time.perf_counter() - waited
-            if os.getppid() != parent:  # the trainer is gone
+            return None
+        finally:
+            self.idle += time.perf_counter() - waited
+
+    def read_ahead(self) -> None:
+        while True:
+            try:
+                self.pending.append(self.requests.get_nowait())
+            except queue.Empty:
                 return
-            continue
-        idle += time.perf_counter() - waited
-        if message[0] == "stop":
-            return
-        if message[0] == "weights":
-            _, version, layout = message
-            began = time.perf_counter()
-            weights = receiver.receive(layout)
-            with torch.no_grad():
-                for name, value in weights.items():
-                    parameters[name].copy_(value)
-            syncing += time.perf_counter() - began
-            beat()
-            probe = probe_logprobs(model)
-            continue
+
+    def load(self, headers: list[Any]) -> None:
+        """Receive the versions of ``headers`` in order (their broadcasts come in that order), load the last and
+        score the probe with it."""
+        began = time.perf_counter()
+        weights: dict[str, Tensor] = {}
+        for _, self.version, layout in headers:
+            weights = self.receiver.receive(layout)
+        with torch.no_grad():
+            for name, value in weights.items():
+                self.parameters[name].copy_(value)
+        self.syncing += time.perf_counter() - began
+        self.beat()
+        self.probe = probe_logprobs(self.model)
+
+    def sample(self, message: Any) -> None:
+        from rloo.pipeline import sample_batch
+
         _, step, prompts, columns, groups, seed = message
         began = time.perf_counter()
         try:
             with torch.no_grad():
                 sampled = sample_batch(
-                    model,
-                    processing_class,
+                    self.model,
+                    self.processing_class,
                     prompts,
                     columns,
-                    settings,
+                    self.settings,
                     groups,
                     generator=None,
                     sampling_seed=seed,
                     step=0,
-                    all_done=beat,
+                    all_done=self.beat,
                 )
             sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to("cpu"))  # no CUDA handles to share
-            answer = Answer(time.perf_counter() - began, idle, probe, syncing)
-            results.put(("batch", step, version, sampled, answer))
-            idle, syncing = 0.0, 0.0
+            answer = Answer(time.perf_counter() - began, self.idle, self.probe, self.syncing)
+            self.results.put(("batch", step, self.version, sampled, answer))
+            self.idle = self.syncing = 0.0
         except Exception:
-            results.put(("error", step, traceback.format_exc()))
+            self.results.put(("error", step, traceback.format_exc()))

@@ -12,6 +12,11 @@ number of workers (up to float rounding of the smaller decode batches).
 The requests run ahead of the trainer: their prompts are drawn when asked for, and a checkpoint keeps the ones
 asked for and not yet trained (with the versions they sample with), so a resumed run asks again.
 
+``free_running``: each request is sent the newest synced weights instead of its batch's own, and a worker loads
+every version sent since before it starts a batch (:func:`rloo.training.parallel.rollout_worker.newest_first`),
+so a batch samples with weights between ``sampling_version(t)`` and t: fresher when generation is the
+bottleneck, but which version samples which batch depends on timing (not reproducible; the batches are).
+
 Each version's probe log-probs (the trainer's, taken when the version is made) are compared with each worker's
 after it loads that version: a gap beyond the tolerance stops the run (a resumed run's first s batches, sampled by
 versions made before the resume, are not checked). A worker that dies is replaced, up to
@@ -35,7 +40,7 @@ from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import SampledBatch, ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.parallel import rollout_worker as worker_process
-from rloo.training.rollouts.source import PipelinedRollouts, sampling_version
+from rloo.training.rollouts.source import PipelinedRollouts, sampling_version, trainable_weights
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3
@@ -78,12 +83,14 @@ class WorkerRollouts(PipelinedRollouts):
         workers: int = 1,
         devices: list[str] | None = None,
         stale_after: float = 300.0,
+        free: bool = False,
         mixed_precision: bool = False,
         **pipelined: Any,
     ) -> None:
         super().__init__(**pipelined)
         self.devices = devices  # one per worker (None: the policy's)
         self.stale_after = stale_after  # heartbeat_stale_after_s
+        self.free = free  # free_running: each request is sent the newest synced version, not the batch's own
         self.store: Any = None  # the rendezvous of the workers' weight-sync groups
         self.started = 0  # workers started so far (each gets its own group's prefix)
         self.mixed_precision = mixed_precision  # bf16/fp16 autocast: the trainer's probe is scored in it
@@ -124,6 +131,7 @@ class WorkerRollouts(PipelinedRollouts):
             prefix=f"rloo-weights/{self.started}/",
             trainer_device=trainer_device,
             stale_after=self.stale_after,
+            free=self.free,
         )
 
     def next_batch(self) -> ScoredRollout:
@@ -143,9 +151,10 @@ class WorkerRollouts(PipelinedRollouts):
         del self.inflight[step]
         gaps = []
         for version, _, answer in answers:
-            if version != expected:
+            if version != expected and not (self.free and expected <= version <= step):
+                allowed = f"{expected} to {step}" if self.free else str(expected)
                 raise RuntimeError(
-                    f"the rollout worker sampled the batch of step {step} with version {version}, not {expected}"
+                    f"the rollout worker sampled the batch of step {step} with version {version}, not {allowed}"
                 )
             gaps.append(self.check_sync(version, answer.probe))
         self.last_metrics = {
@@ -162,7 +171,8 @@ class WorkerRollouts(PipelinedRollouts):
         sampled = dataclasses.replace(sampled, rollout=sampled.rollout.to(device))
         seconds = max(answer.seconds for _, _, answer in answers)
         scored = self.generate(rows, groups, sampled=(sampled, seconds))
-        return dataclasses.replace(scored, policy_version=expected)
+        # free_running: the oldest share's (the staleness logged is the batch's largest)
+        return dataclasses.replace(scored, policy_version=min(version for version, _, _ in answers))
 
     def receive(self, index: int, step: int) -> tuple[int, Any, Any]:
         """Worker ``index``'s answer for ``step``, replacing it if it died (:data:`MAX_WORKER_RESTARTS`)."""
@@ -197,6 +207,8 @@ class WorkerRollouts(PipelinedRollouts):
         cuts = shares(len(rows), self.count)
         if index >= len(cuts):
             return
+        if self.free:  # the newest synced weights (the worker may load newer ones before it starts the batch)
+            version = self.newest_synced()
         if self.sent[index] != version:
             self.workers[index].send_weights(version, self.versions[version])
             self.sent[index] = version
@@ -214,6 +226,13 @@ class WorkerRollouts(PipelinedRollouts):
             for index in range(self.count):
                 self.request(index, step)
             self.requested_to = step
+
+    def newest_synced(self) -> int:
+        """The newest version made at a sync point (``weight_sync_steps``), kept in :attr:`versions`."""
+        version = self.sync_every * (self.policy_version // self.sync_every)
+        if version not in self.versions and version == self.policy_version:  # a resumed run's current weights
+            self.versions[version] = trainable_weights(self.policy())
+        return version
 
     def note_probe(self, version: int) -> None:
         """The trainer's probe log-probs of ``version`` (the policy holds its weights now)."""

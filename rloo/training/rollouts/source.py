@@ -244,6 +244,7 @@ def _batches(
             workers=args.rollout_workers,
             devices=available_worker_devices(args.rollout_worker_devices),
             stale_after=args.heartbeat_stale_after_s,
+            free=args.free_running,
             mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
             sync_every=args.weight_sync_steps,
             **source,
@@ -261,10 +262,15 @@ def sampling_version(step: int, staleness: int, sync_every: int = 1) -> int:
     return sync_every * (max(0, step - staleness) // sync_every)
 
 
-def check_policy_version(scored: ScoredRollout, step: int, staleness: int = 0, sync_every: int = 1) -> None:
+def check_policy_version(
+    scored: ScoredRollout, step: int, staleness: int = 0, sync_every: int = 1, free: bool = False
+) -> None:
     """A batch trained at ``step`` must have been sampled by the policy of :func:`sampling_version` (``max_staleness``
-    0: the policy being trained): anything else is a weight update the sampler missed."""
+    0: the policy being trained), or with ``free`` (``free_running``) by one at least that new and not newer than
+    ``step``: anything else is a weight update the sampler missed."""
     expected = sampling_version(step, staleness, sync_every)
+    if free and scored.policy_version is not None and expected <= scored.policy_version <= step:
+        return
     if scored.policy_version != expected:
         raise RuntimeError(
             f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}, not "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from rloo import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import SampledBatch
-from rloo.training.parallel import worker_rollouts
+from rloo.training.parallel import rollout_worker, worker_rollouts
 from rloo.training.rollouts import source as rollout_source
 from rloo.training.rollouts.source import PipelinedRollouts, SynchronousRollouts, trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
@@ -282,3 +283,71 @@ def test_sampling_versions_hand_example() -> None:
     assert [rollout_source.sampling_version(t, 0) for t in range(4)] == [0, 1, 2, 3]  # the synchronous loop
     assert [rollout_source.sampling_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
     assert [rollout_source.sampling_version(t, 1, 3) for t in range(8)] == [0, 0, 0, 0, 3, 3, 3, 6]
+
+
+# ------------------------------------------------------------------ free_running
+def test_free_running_loads_the_newest_weights_already_sent_before_each_batch(tmp_path: Path) -> None:
+    """Batches 0 and 1 sampled with version 0; then, the worker held (SIGSTOP) while batch 2 is asked, version 1
+    sent and batch 3 asked: free-running, batch 2 samples with version 1 (sent after it was asked), otherwise
+    with version 0."""
+    from rloo.data.prompts import columns_of
+    from rloo.training.parallel.rollout_worker import RolloutWorker
+    from rloo.training.parallel.weight_sync import host_store
+
+    t = run(tmp_path, max_staleness=1, rollout_workers=1)
+    rows, groups = t.rollouts.draw()
+    first = trainable_weights(t.unwrapped_model)
+    second = {name: value + 0.01 for name, value in first.items()}
+    prompts, columns = [row["prompt"] for row in rows], columns_of(rows)
+    versions = {}
+    for free in (False, True):
+        worker = RolloutWorker(
+            t.unwrapped_model, t.rollouts.processing_class, t.rollouts.settings, store=host_store(),
+            prefix=f"test/{free}/", free=free,
+        )  # fmt: skip
+        try:
+            worker.send_weights(0, first)
+            found = []
+            for step in (0, 1):
+                worker.request(step, prompts, columns, groups, 0)
+                found.append(worker.receive(step)[0])
+            os.kill(worker.process.pid, signal.SIGSTOP)  # all three below wait in its queue
+            worker.request(2, prompts, columns, groups, 0)
+            worker.send_weights(1, second)
+            worker.request(3, prompts, columns, groups, 0)
+            time.sleep(0.5)  # the queue's feeder thread writes them into the pipe
+            os.kill(worker.process.pid, signal.SIGCONT)
+            versions[free] = found + [worker.receive(step)[0] for step in (2, 3)]
+        finally:
+            worker.close()
+    assert versions == {False: [0, 0, 0, 1], True: [0, 0, 1, 1]}
+
+
+def test_newest_first_hand_example() -> None:
+    pending = [("sample", 2), ("weights", 1, "a"), ("sample", 3), ("weights", 2, "b"), ("stop",)]
+    headers, rest = rollout_worker.newest_first(pending)
+    assert headers == [("weights", 1, "a"), ("weights", 2, "b")]  # both received in order, the last loaded
+    assert rest == [("sample", 2), ("sample", 3), ("stop",)]
+
+
+def test_free_running_accepts_any_version_within_the_bound() -> None:
+    """Step 5, s = 2: the pipeline needs version 3 exactly; free-running takes 3, 4 or 5, never 2 or 6."""
+    for version, free, ok in [(3, False, True), (4, False, False), (4, True, True), (5, True, True),
+                              (2, True, False), (6, True, False)]:  # fmt: skip
+        scored: Any = type("Scored", (), {"policy_version": version})()
+        if ok:
+            rollout_source.check_policy_version(scored, 5, 2, free=free)
+        else:
+            with pytest.raises(RuntimeError, match="missed a weight update"):
+                rollout_source.check_policy_version(scored, 5, 2, free=free)
+
+
+def test_a_free_running_run_keeps_to_the_bound_and_resumes(tmp_path: Path) -> None:
+    """Every batch sampled by weights at most s = 2 steps old, before and after a resume (the resumed run's
+    first requests are sent its current weights, which its checkpoint holds as the model's)."""
+    run(tmp_path, max_staleness=2, rollout_workers=1, free_running=True, max_steps=2).train()
+    t = run(tmp_path, max_staleness=2, rollout_workers=1, free_running=True, max_steps=5)
+    t.train(resume_from_checkpoint=True)
+    logged = [row for row in t.state.log_history if "staleness" in row]
+    assert [row["step"] for row in logged] == [1, 2, 3, 4, 5]  # the first two from the checkpoint's history
+    assert all(0 <= row["staleness"] <= 2 for row in logged)
