@@ -49,6 +49,9 @@ SETTINGS = {
     "synchronous, fp32": ({"max_staleness": 0, "bf16": False}, 2),
     "worker, fp32": ({"max_staleness": 1, "rollout_workers": 1, "bf16": False}, 1),
     "4 workers, fp32": ({"max_staleness": 1, "rollout_workers": 4, "bf16": False}, 1),
+    # free_running against the pipeline at s = 2: the mean staleness (lower when the worker is the bottleneck)
+    "worker, s=2": ({"max_staleness": 2, "rollout_workers": 1}, 1),
+    "worker, s=2, free_running": ({"max_staleness": 2, "rollout_workers": 1, "free_running": True}, 1),
     "synchronous, bf16": ({"max_staleness": 0, "bf16": True}, 2),  # bf16 autocast on a CPU too
     "worker, bf16": ({"max_staleness": 1, "rollout_workers": 1, "bf16": True}, 1),
 }
@@ -93,6 +96,7 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: ar
         "per_1000_completions": 1000 * step / 32,
         "rollout_phase": rollout,
         "rest_of_step": step - rollout,
+        "staleness": sum(row.get("staleness", 0.0) for row in logged) / len(logged),
         "steps": [round(row["timing/step"], 3) for row in logged],
         "rollout_phases": [round(row["timing/rollout"], 3) for row in logged],
     }
