@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/async_overlap.py            # 3 settings x 1 run, about 3 minutes on 2 cores
     .venv/bin/python benchmarks/async_overlap.py --steps 6  # shorter
+    .venv/bin/python benchmarks/async_overlap.py --case varied --only "synchronous;worker"  # bench_vs_trl's case
 
 The same run three ways, at equal completions (every setting trains the same number of generation batches of
 the same size; ``max_staleness`` 1 everywhere but the first, so the batches are sampled by the same versions):
@@ -29,10 +30,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import prompts, reward_sevens
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.tiny import build_char_tokenizer, build_tiny_llama
@@ -58,7 +63,16 @@ SETTINGS = {
 
 
 def length_reward(completion_ids: list[list[int]], **_: object) -> list[float]:
-    return [len(ids) / 64 for ids in completion_ids]
+    return [len(ids) / 64 for ids in completion_ids]  # rewards longer completions: the lengths move with training
+
+
+def varied_model(folder: Path) -> Path:
+    """bench_vs_trl.py's ``small-varied`` model folder (:mod:`varied_lengths`), built under ``folder``."""
+    from bench_vs_trl import VARIED_REACH
+    from sampler_speed import build_model
+    from varied_lengths import arrange, hazard_for
+
+    return arrange(build_model(folder, "small"), folder / "small-varied", hazard_for(128, VARIED_REACH))
 
 
 def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: argparse.Namespace) -> dict[str, float]:
@@ -66,14 +80,21 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: ar
 
     AcceleratorState._reset_state(reset_partial_state=True)  # one mixed-precision setting per process otherwise
     torch.set_num_threads(threads)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(
-        len(tokenizer), hidden_size=size.hidden, num_layers=size.layers, tokenizer=tokenizer, seed=0
-    )
-    rows = [{"prompt": f"{a}+{b}="} for a in range(10, 99) for b in range(10, 20)]
+    model: Any
+    reward, case = length_reward, {}
+    if size.model_dir is not None:  # bench_vs_trl's varied case (run_rloo.py's settings): 4 prompts x 8
+        tokenizer, model, generations = None, str(size.model_dir), 8
+        rows = prompts(32 * steps)
+        reward, case = reward_sevens, {"learning_rate": 1e-5, "beta": 0.05, "temperature": 1.0, "bf16": False}
+    else:
+        tokenizer, generations = build_char_tokenizer(), 4
+        model = build_tiny_llama(
+            len(tokenizer), hidden_size=size.hidden, num_layers=size.layers, tokenizer=tokenizer, seed=0
+        )
+        rows = [{"prompt": f"{a}+{b}="} for a in range(10, 99) for b in range(10, 20)]
     args = RLOOConfig(
         output_dir=str(out),
-        num_generations=4,
+        num_generations=generations,
         per_device_train_batch_size=32,
         max_completion_length=size.tokens,
         max_steps=steps,
@@ -81,9 +102,9 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: ar
         save_steps=10_000,
         report_to=[],
         seed=0,
-        **knobs,
+        **{**case, **knobs},
     )
-    trainer = RLOOTrainer(model, length_reward, args=args, train_dataset=rows, processing_class=tokenizer)
+    trainer = RLOOTrainer(model, reward, args=args, train_dataset=rows, processing_class=tokenizer)
     began = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - began
@@ -114,6 +135,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256, help="the Llama's hidden size")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64, help="max_completion_length")
+    parser.add_argument(
+        "--case",
+        choices=["tiny-llama", "varied"],
+        default="tiny-llama",
+        help="varied: bench_vs_trl.py's varied-length case (its 36M-parameter model arranged to end completions "
+        "at varied lengths, 4 prompts x 8 of up to 128 tokens); --hidden/--layers/--tokens are then ignored",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument(
         "--only",
@@ -126,6 +154,11 @@ def main() -> None:
     print(f"{device}: Llama hidden {options.hidden}, {options.layers} layers, {options.tokens}-token completions")
     results = {}
     with tempfile.TemporaryDirectory() as folder:
+        options.model_dir = None
+        if options.case == "varied":
+            options.model_dir = varied_model(Path(folder))
+            options.tokens = 128
+            print(f"bench_vs_trl's varied case instead: {options.model_dir.name}, 4 prompts x 8 x 128 tokens")
         for i, (name, (knobs, threads)) in enumerate(chosen.items()):
             results[name] = one_run(knobs, threads, options.steps, Path(folder) / str(i), options)
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in results[name].items()}
