@@ -123,6 +123,7 @@ def _page(run: Path, rows: Rows, notes: list[str]) -> str:
     body = "\n".join(
         [
             f'<header id="summary"><h1>rloo run report</h1>{_summary_table(run, rows)}</header>',
+            _evaluation_section(rows),
             _warnings_section(warnings, diagnostics, notes),
             _plots_section(images, omitted),
             _samples_section(completions),
@@ -150,6 +151,21 @@ def _summary_table(run: Path, rows: Rows) -> str:
         items.append(("final eval reward", f"{_fmt(eval_rewards[-1])} (step {_fmt(eval_steps[-1])})"))
     items.append(("report written", datetime.now().strftime("%Y-%m-%d %H:%M:%S")))
     return _key_value_table(items, "summary")
+
+
+def _evaluation_section(rows: Rows) -> str:
+    """Every number of the last evaluation (the rows logged at its step: each eval set's, and the
+    ``compute_metrics`` hook's ``eval_<key>``), or nothing in a run without one."""
+    evaluations = [row for row in rows if any(str(key).startswith("eval_") for key in row)]
+    if not evaluations:
+        return ""
+    step = evaluations[-1].get("step")
+    last = {
+        k: v for row in evaluations if row.get("step") == step for k, v in row.items() if str(k).startswith("eval_")
+    }
+    items = [(key, f"{value:.4g}" if is_finite(value) else str(value)) for key, value in sorted(last.items())]
+    title = f"Last evaluation (step {_fmt(step)})"
+    return f'<section id="evaluation"><h2>{title}</h2>{_key_value_table(items, "evaluation")}</section>'
 
 
 def _warnings_section(warnings: list[str], diagnostics: list[str], notes: list[str]) -> str:

@@ -45,6 +45,23 @@ def test_report_has_every_section(full_report: str) -> None:
     assert "Not plotted" not in full_report
 
 
+def test_the_last_evaluation_shows_every_number_compute_metrics_keys_too(tmp_path: Path) -> None:
+    """The eval rows of the last evaluation step (two eval sets logged apart, a compute_metrics key) in one table;
+    an earlier evaluation's numbers are not there, and a run without evaluation has no such section."""
+    train = [{"step": s, "reward": 0.5, "loss": 0.1} for s in (1, 2, 3, 4)]
+    evals = [
+        {"step": 2, "eval_reward": 0.25, "eval_accuracy": 0.125},
+        {"step": 4, "eval_reward": 0.5, "eval_accuracy": 0.375},
+        {"step": 4, "eval_hard_reward": 0.0625},
+    ]
+    text = _minimal_run(tmp_path / "a", train + evals).read_text()
+    section = text.split('<section id="evaluation">')[1].split("</section>")[0]
+    assert "Last evaluation (step 4)" in section
+    assert "<th>eval_accuracy</th><td>0.375</td>" in section and "<th>eval_hard_reward</th><td>0.0625</td>" in section
+    assert "<th>eval_reward</th><td>0.5</td>" in section and "0.125" not in section
+    assert 'id="evaluation"' not in _minimal_run(tmp_path / "b", train).read_text()
+
+
 def test_every_plot_is_an_embedded_png(full_report: str) -> None:
     images = IMG.findall(full_report)
     assert full_report.count("<img") == len(images) == NUM_PLOTS
