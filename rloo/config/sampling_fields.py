@@ -8,7 +8,6 @@ the vLLM fields.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +94,7 @@ def check_sampling(config: Any) -> None:
             "process always samples the batch of step t with the weights of t - max_staleness",
         )
     stale = config.heartbeat_stale_after_s
-    if isinstance(stale, bool) or not isinstance(stale, (int, float)) or not math.isfinite(stale) or stale <= 0:
+    if isinstance(stale, bool) or not isinstance(stale, (int, float)) or stale <= 0:  # NaN, inf: checked before
         raise fail("heartbeat_stale_after_s", stale, "give the seconds without a sign of life that mean hung, > 0")
 
     if config.max_num_gen_batches < 1:
@@ -150,9 +149,9 @@ def available_worker_devices(devices: Any) -> list[str] | None:
     does not have."""
     if not devices:
         return None
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for device in devices:
         parsed = torch.device(device)
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if parsed.type == "cuda" and (parsed.index or 0) >= have:
             raise ValueError(
                 f"RLOOConfig.rollout_worker_devices names {device!r}, but this machine has {have} CUDA device(s): "

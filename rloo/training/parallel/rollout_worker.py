@@ -126,12 +126,14 @@ class RolloutWorker:
         threading.Thread(target=self.read, daemon=True, name="rloo-rollouts-reader").start()
         self.sender = weight_sync.WeightSender(store, prefix, self.backend, trainer_device)
 
-    def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Post ``weights`` (the worker loads them before its next batch); a worker that died before joining the
-        group is left for :meth:`receive` to report."""
+    def send_weights(self, version: int, flat: tuple[weight_sync.Layout, list[Tensor]]) -> None:
+        """Post a version's weights, flattened (:func:`~rloo.training.parallel.weight_sync.flatten`; the worker
+        loads them before its next batch); a worker that died before joining the group is left for
+        :meth:`receive` to report."""
         if not self.sender.ready(lambda: self.process.is_alive() and not self.hung(), POLL_SECONDS):
             return
-        layout = self.sender.send(weights)
+        layout, flats = flat
+        self.sender.send(flats)
         self.requests.put(("weights", version, layout))
 
     def request(

@@ -69,9 +69,9 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def flatten(weights: dict[str, Tensor], device: str | torch.device = "cpu") -> tuple[Layout, list[Tensor]]:
-    """``weights`` as one flat buffer per dtype on ``device`` (in the order the dtypes first appear), with the
-    :class:`Layout` that puts them back."""
+def flatten(weights: dict[str, Tensor]) -> tuple[Layout, list[Tensor]]:
+    """``weights`` as one flat buffer per dtype (in the order the dtypes first appear), with the :class:`Layout`
+    that puts them back."""
     by_dtype: dict[torch.dtype, list[tuple[str, Tensor]]] = {}
     for name, value in weights.items():
         by_dtype.setdefault(value.dtype, []).append((name, value))
@@ -82,7 +82,7 @@ def flatten(weights: dict[str, Tensor], device: str | torch.device = "cpu") -> t
             slots.append(Slot(name, tuple(value.shape), offset))
             offset += value.numel()
         buffers.append((dtype, offset, tuple(slots)))
-        flats.append(torch.cat([value.reshape(-1) for _, value in items]).to(device))
+        flats.append(torch.cat([value.reshape(-1) for _, value in items]))
     return Layout(tuple(buffers)), flats
 
 
@@ -137,13 +137,13 @@ class WeightSender:
             raise RuntimeError(f"the weight-sync group with the rollout worker failed: {self.error}") from self.error
         return True
 
-    def send(self, weights: dict[str, Tensor]) -> Layout:
-        """Post the broadcasts of ``weights`` (the worker receives them after reading the returned layout)."""
+    def send(self, flats: list[Tensor]) -> None:
+        """Post the broadcasts of a version's flat buffers (:func:`flatten`, on the CPU: flattened once for every
+        worker); the worker receives them after reading their layout."""
         self.pending = [(work, flats) for work, flats in self.pending if not work.is_completed()]
-        layout, flats = flatten(weights, self.device)
+        flats = [flat.to(self.device) for flat in flats]  # NCCL: onto the trainer's GPU
         works = [self.group.broadcast(flat, 0) for flat in flats]
         self.pending.extend((work, flats) for work in works)
-        return layout
 
 
 class WeightReceiver:

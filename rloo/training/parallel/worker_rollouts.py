@@ -40,7 +40,8 @@ from rloo.generation.rollout import concat_rollouts
 from rloo.pipeline import SampledBatch, ScoredRollout
 from rloo.training import metric_names as names
 from rloo.training.parallel import rollout_worker as worker_process
-from rloo.training.rollouts.source import PipelinedRollouts, sampling_version, trainable_weights
+from rloo.training.parallel.weight_sync import Layout, flatten, host_store
+from rloo.training.rollouts.source import PipelinedRollouts, sampling_version, trainable_weights, version_allowed
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3
@@ -92,6 +93,7 @@ class WorkerRollouts(PipelinedRollouts):
         self.stale_after = stale_after  # heartbeat_stale_after_s
         self.free = free  # free_running: each request is sent the newest synced version, not the batch's own
         self.store: Any = None  # the rendezvous of the workers' weight-sync groups
+        self.flat: dict[int, tuple[Layout, list[Tensor]]] = {}  # versions flattened for sending
         self.started = 0  # workers started so far (each gets its own group's prefix)
         self.mixed_precision = mixed_precision  # bf16/fp16 autocast: the trainer's probe is scored in it
         self.processing_class, self.settings, self.seed = processing_class, settings, seed
@@ -114,8 +116,6 @@ class WorkerRollouts(PipelinedRollouts):
 
     def new_worker(self, index: int) -> Any:
         """A worker process for share ``index`` (a new one also when replacing a dead one)."""
-        from rloo.training.parallel.weight_sync import host_store
-
         policy = self.policy()
         trainer_device = str(model_device(policy))
         device = self.devices[index] if self.devices else trainer_device
@@ -151,7 +151,7 @@ class WorkerRollouts(PipelinedRollouts):
         del self.inflight[step]
         gaps = []
         for version, _, answer in answers:
-            if version != expected and not (self.free and expected <= version <= step):
+            if not version_allowed(version, step, self.staleness, self.sync_every, self.free):
                 allowed = f"{expected} to {step}" if self.free else str(expected)
                 raise RuntimeError(
                     f"the rollout worker sampled the batch of step {step} with version {version}, not {allowed}"
@@ -210,7 +210,10 @@ class WorkerRollouts(PipelinedRollouts):
         if self.free:  # the newest synced weights (the worker may load newer ones before it starts the batch)
             version = self.newest_synced()
         if self.sent[index] != version:
-            self.workers[index].send_weights(version, self.versions[version])
+            if version not in self.flat:  # flattened once, for every worker
+                self.flat = {v: f for v, f in self.flat.items() if v in self.versions}
+                self.flat[version] = flatten(self.versions[version])
+            self.workers[index].send_weights(version, self.flat[version])
             self.sent[index] = version
         share = rows[cuts[index]]
         prompts = [row["prompt"] for row in share]

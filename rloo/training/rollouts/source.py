@@ -262,16 +262,21 @@ def sampling_version(step: int, staleness: int, sync_every: int = 1) -> int:
     return sync_every * (max(0, step - staleness) // sync_every)
 
 
+def version_allowed(version: int | None, step: int, staleness: int, sync_every: int = 1, free: bool = False) -> bool:
+    """Whether the batch trained at ``step`` may have been sampled by ``version``: exactly the one of
+    :func:`sampling_version` (``max_staleness`` 0: the policy being trained), or with ``free`` (``free_running``)
+    any from that one to ``step``."""
+    expected = sampling_version(step, staleness, sync_every)
+    return version == expected or (free and version is not None and expected <= version <= step)
+
+
 def check_policy_version(
     scored: ScoredRollout, step: int, staleness: int = 0, sync_every: int = 1, free: bool = False
 ) -> None:
-    """A batch trained at ``step`` must have been sampled by the policy of :func:`sampling_version` (``max_staleness``
-    0: the policy being trained), or with ``free`` (``free_running``) by one at least that new and not newer than
-    ``step``: anything else is a weight update the sampler missed."""
+    """A batch trained at ``step`` must have been sampled by a version :func:`version_allowed`: anything else is a
+    weight update the sampler missed."""
     expected = sampling_version(step, staleness, sync_every)
-    if free and scored.policy_version is not None and expected <= scored.policy_version <= step:
-        return
-    if scored.policy_version != expected:
+    if not version_allowed(scored.policy_version, step, staleness, sync_every, free):
         raise RuntimeError(
             f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}, not "
             f"{expected} (max_staleness={staleness}, weight_sync_steps={sync_every}): the rollout source missed a "

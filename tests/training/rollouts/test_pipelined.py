@@ -116,13 +116,20 @@ def test_staleness_is_refused_under_fsdp_and_with_vllm(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ a rollout worker process (rollout_workers 1)
-def test_worker_processes_sample_what_the_trainers_process_would(tmp_path: Path) -> None:
+def test_worker_processes_sample_what_the_trainers_process_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same prompts, groups, seeds and weight versions: two workers' shares, put back together, train to the
-    same weights as the in-process pipeline's (float rounding of one thread against two aside: a tolerance)."""
+    same weights as the in-process pipeline's (float rounding of one thread against two aside: a tolerance).
+    Each version is flattened for sending once, whatever the number of workers."""
     inline = run(tmp_path / "inline", max_staleness=1)
     inline.train()
+    flattened: list[int] = []
+    real_flatten = worker_rollouts.flatten
+    monkeypatch.setattr(worker_rollouts, "flatten", lambda w: flattened.append(1) or real_flatten(w))
     worker = run(tmp_path / "worker", max_staleness=1, rollout_workers=2)
     worker.train()
+    assert len(flattened) == 5  # versions 0-4 (the last for batch 5, asked for after the last step), not 10
     assert len(worker.rollouts.workers) == 2
     assert not any(w.process.is_alive() for w in worker.rollouts.workers)  # closed at the end of train()
     a, b = params(inline.unwrapped_model), params(worker.unwrapped_model)
@@ -238,8 +245,9 @@ def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version
 
     real = RolloutWorker.send_weights
 
-    def corrupting(self: Any, version: int, weights: dict[str, torch.Tensor]) -> None:
-        real(self, version, {k: v * 1.5 for k, v in weights.items()} if version == 2 else weights)
+    def corrupting(self: Any, version: int, flat: Any) -> None:
+        layout, flats = flat
+        real(self, version, (layout, [f * 1.5 for f in flats]) if version == 2 else flat)
 
     monkeypatch.setattr(RolloutWorker, "send_weights", corrupting)
     t = run(tmp_path, max_staleness=1, rollout_workers=1)
@@ -292,7 +300,7 @@ def test_free_running_loads_the_newest_weights_already_sent_before_each_batch(tm
     with version 0."""
     from rloo.data.prompts import columns_of
     from rloo.training.parallel.rollout_worker import RolloutWorker
-    from rloo.training.parallel.weight_sync import host_store
+    from rloo.training.parallel.weight_sync import flatten, host_store
 
     t = run(tmp_path, max_staleness=1, rollout_workers=1)
     rows, groups = t.rollouts.draw()
@@ -306,14 +314,14 @@ def test_free_running_loads_the_newest_weights_already_sent_before_each_batch(tm
             prefix=f"test/{free}/", free=free,
         )  # fmt: skip
         try:
-            worker.send_weights(0, first)
+            worker.send_weights(0, flatten(first))
             found = []
             for step in (0, 1):
                 worker.request(step, prompts, columns, groups, 0)
                 found.append(worker.receive(step)[0])
             os.kill(worker.process.pid, signal.SIGSTOP)  # all three below wait in its queue
             worker.request(2, prompts, columns, groups, 0)
-            worker.send_weights(1, second)
+            worker.send_weights(1, flatten(second))
             worker.request(3, prompts, columns, groups, 0)
             time.sleep(0.5)  # the queue's feeder thread writes them into the pipe
             os.kill(worker.process.pid, signal.SIGCONT)
