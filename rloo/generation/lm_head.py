@@ -22,8 +22,10 @@ called outside the forward that gathers its weight) always takes the plain path.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -31,12 +33,15 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+# a mixed-precision context (accelerate's ``autocast``), or ``contextlib.nullcontext``
+Autocast = Callable[[], AbstractContextManager[Any]]
 # log-prob passes whose model's head did not pass the check: the plain path from then on
 _INEXACT_HEADS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 # elements of one chunk's float32 logits (64 MiB) when the caller gives no budget
 CHUNK_ELEMENTS = 2**24
-# each probed head's verdict (:func:`head_is_exact`): a fact of the model, never of a pass's history
-_PROBED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+# each probed head's verdict per precision (:func:`head_is_exact`): a fact of the model and the dtype its
+# product is computed in, never of a pass's history
+_PROBED: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 def _output_head(model: nn.Module) -> nn.Module | None:
@@ -94,24 +99,41 @@ def head_logits(head: nn.Module, hidden: Tensor, softcap: float | None) -> Tenso
     return logits
 
 
-def head_is_exact(model: nn.Module, ids: Tensor) -> bool:
+def head_is_exact(model: nn.Module, ids: Tensor, autocast: Autocast = contextlib.nullcontext) -> bool:
     """Whether ``model``'s log-prob passes take the chunked head: :func:`chunkable_head`, and a forward
-    of ``ids`` ``(1, L)`` (a probe, once per head, no gradient) gives the head's own logits. Lets a
-    caller size passes for the chunked path before running one; False when the probe cannot run. The
-    verdict depends on the model only (not on which passes ran before), so a resumed run plans its
-    passes as the run it resumes. A probe passed in float32 whose passes fail the check under autocast
-    (rare) runs them the plain way on passes sized for the chunked head."""
+    of ``ids`` ``(1, L)`` (a probe, once per head and precision, no gradient) gives the head's own logits.
+    Lets a caller size passes for the chunked path before running one; False when the probe cannot run.
+
+    ``autocast``: the mixed-precision context the passes run in. The probe compares the model's logits
+    with the head's product bit for bit, so both must be computed in the passes' precision: under bf16
+    autocast (accelerate's wrapper keeps its own autocast on the forward) a float32 product never equals
+    the bf16-rounded logits, and a probe outside autocast planned every pass of a 151,936-token
+    vocabulary as one row. The verdict depends on the model and the precision only (not on which passes
+    ran before), so a resumed run plans its passes as the run it resumes."""
     head = _output_head(model)
     if head is None:
         return False
-    if head not in _PROBED:
-        with torch.no_grad(), HeadInputs(head) as inputs:
-            try:
-                out = model(input_ids=ids, use_cache=False)
-            except (ValueError, TypeError, RuntimeError):  # a forward that needs more inputs than token ids
-                return False  # its passes, with their inputs, still check the head themselves
-        _PROBED[head] = matches_model_logits(model, head, inputs.hidden, out.logits)
-    return _PROBED[head]
+    with autocast():
+        precision = _precision(head)
+        if precision not in _PROBED.get(head, {}):
+            with torch.no_grad(), HeadInputs(head) as inputs:
+                try:
+                    out = model(input_ids=ids, use_cache=False)
+                except (ValueError, TypeError, RuntimeError):  # a forward that needs more inputs than token ids
+                    return False  # its passes, with their inputs, still check the head themselves
+            verdict = matches_model_logits(model, head, inputs.hidden, out.logits)
+            _PROBED.setdefault(head, {})[precision] = verdict
+        return _PROBED[head][precision]
+
+
+def _precision(head: nn.Module) -> str:
+    """The dtype the head's product is computed in here: the autocast dtype where autocast is on for
+    the head's device, else its weight's dtype."""
+    weight: Tensor = getattr(head, "weight")  # noqa: B009 (typed as a Tensor here)
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        return str(torch.get_autocast_dtype(device))
+    return str(weight.dtype)
 
 
 def matches_model_logits(model: nn.Module, head: nn.Module, hidden: Tensor | None, model_logits: Tensor) -> bool:

@@ -314,7 +314,7 @@ class ExperienceMaker:
         activations (all rows x all tokens of one layer's MLP), so a batch that samples fine could run
         out of memory here; a no-grad pass of a micro-batch's rows needs less than its training pass."""
         cap = min(rollout.completion_ids.shape[0], self.args.per_device_train_batch_size)
-        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap)
+        return max_rows_per_pass(self.model(), rollout, self.args.max_logits_memory_mb, cap, autocast=self.autocast)
 
     def reference_logprobs(self, rollout: Rollout) -> Tensor:
         with reference_mode(self.model(), self.reference) as reference:

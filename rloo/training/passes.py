@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +26,7 @@ from torch import Tensor, nn
 from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
 from rloo.algo.stats import ClipFractions, masked_mean
-from rloo.generation.lm_head import head_is_exact
+from rloo.generation.lm_head import Autocast, head_is_exact
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout
@@ -171,15 +169,20 @@ def trainable_rows(rows: Tensor, advantages: Tensor, skip_zero_advantage: bool) 
     return rows[advantages[rows] != 0]
 
 
-Autocast = Callable[[], AbstractContextManager[Any]]
-
-
-def max_rows_per_pass(model: nn.Module, rollout: Rollout, budget_mib: float, cap: int, compiled: bool = False) -> int:
-    """Rows per pass so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``; ``cap`` where
-    the passes take the chunked head (:func:`rloo.generation.lm_head.head_is_exact`), whose logits fit
-    the budget chunk by chunk whatever the rows (their activations are the micro-batch's, as in TRL).
+def max_rows_per_pass(
+    model: nn.Module,
+    rollout: Rollout,
+    budget_mib: float,
+    cap: int,
+    compiled: bool = False,
+    autocast: Autocast = contextlib.nullcontext,
+) -> int:
+    """Rows per pass, by the head path the passes will take: ``cap`` where they take the chunked head
+    (:func:`rloo.generation.lm_head.head_is_exact`, probed in ``autocast``, the passes' precision), whose
+    logits fit the budget chunk by chunk whatever the rows (their activations are the micro-batch's, as
+    in TRL); else so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``.
     ``compiled``: the passes run ``model`` through ``torch.compile``, which takes the plain path."""
-    if not compiled and head_is_exact(model, rollout.completion_ids[:1, :2]):
+    if not compiled and head_is_exact(model, rollout.completion_ids[:1, :2], autocast):
         return cap
     length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]  # type: ignore[operator]

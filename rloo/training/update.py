@@ -110,7 +110,14 @@ class Updater:
         args = self.args
         # rows per pass within max_logits_memory_mb; compiled passes take the plain head
         cap = args.per_device_train_batch_size
-        max_rows = max_rows_per_pass(self.model, batch.rollout, args.max_logits_memory_mb, cap, args.torch_compile)
+        max_rows = max_rows_per_pass(
+            self.model,
+            batch.rollout,
+            args.max_logits_memory_mb,
+            cap,
+            args.torch_compile,
+            autocast=self.accelerator.autocast,  # the probe in the passes' precision
+        )
         all_rows = torch.cat(step_rows)
         active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
         tokens, sequences, trained = self.ranks.sum(

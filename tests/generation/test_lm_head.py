@@ -17,7 +17,7 @@ from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.training.passes import max_rows_per_pass
 from tests.generation.test_model_families import FAMILIES, GQA, PROMPTS, build, encode_vision
-from tests.helpers.models import make_tokenizer
+from tests.helpers.models import make_tokenizer, qwen_vocab_model
 from tests.helpers.vision import VISION_FAMILIES, build_vision
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -205,3 +205,26 @@ def test_the_probe_depends_on_the_model_only(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(other, "forward", needs_more)
     assert not lm_head_module.head_is_exact(other, ids)  # a probe that cannot run: the row split
     assert other.get_output_embeddings() not in lm_head_module._PROBED  # asked again next time
+
+
+def test_the_probe_runs_in_the_passes_precision_under_accelerates_bf16(fresh_accelerate_state: Any) -> None:
+    # accelerate's bf16 wrapper hands back bf16-rounded logits; a probe comparing them with a float32 head
+    # product outside autocast failed, and every pass of a 151,936-token vocabulary was planned as one row
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    model = accelerator.unwrap_model(accelerator.prepare(qwen_vocab_model().eval()))
+    ids = torch.tensor([[5, 6]])
+    r = Rollout(
+        prompt_ids=torch.full((8, 8), 5),
+        prompt_mask=torch.ones(8, 8),
+        completion_ids=torch.full((8, 6), 7),
+        completion_mask=torch.ones(8, 6),
+        truncated=torch.zeros(8, dtype=torch.bool),
+        sampling_logprobs=torch.zeros(8, 6),
+        group_ids=torch.arange(8),
+    )
+    assert max_rows_per_pass(model, r, 16, cap=8, autocast=accelerator.autocast) == 8
+    assert lm_head_module.head_is_exact(model, ids, accelerator.autocast)
+    # the verdict is kept per precision: outside autocast this wrapped model's head is not reproduced
+    assert not lm_head_module.head_is_exact(model, ids)
+    assert max_rows_per_pass(model, r, 16, cap=8) == 1  # the plain path's budget: 8.1 MiB a row

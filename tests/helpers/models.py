@@ -181,3 +181,25 @@ def next_train_batch(trainer: RLOOTrainer) -> Any:
     """Phases 1-4 of the trainer's step, outside ``train()``: its next generation batch, ready for the update."""
     scored = trainer._next_rollouts()
     return trainer._train_batch(scored, trainer.experience.logprobs(scored.rollout))
+
+
+QWEN_VOCAB = 151_936  # Qwen2.5's vocabulary: one row's float32 logits of 14 tokens are 8.1 MiB
+
+
+def qwen_vocab_model(vocab_size: int = QWEN_VOCAB, **config: Any) -> Any:
+    """A 2-layer, 32-wide Qwen2 (GQA, tied embeddings) with Qwen2.5's vocabulary, seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            **config,
+        )
+    )

@@ -6,11 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.state import AcceleratorState
 from pytest import MonkeyPatch
 
 import rloo.training.passes as passes_module
 from rloo.training.passes import no_grad_logprobs
-from tests.helpers.models import dataset, frac7, next_train_batch, params, trainer
+from rloo.training.trainer import RLOOTrainer
+from tests.helpers.models import config as config_of
+from tests.helpers.models import dataset, frac7, next_train_batch, params, qwen_vocab_model, trainer
 
 
 def first_digit_is_one(prompts: list[str], completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
@@ -92,7 +95,9 @@ def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path,
     # the chunked head: whole passes, the LM head one token at a time
     assert_same_gradients(step_gradients(tmp_path / "chunks", max_logits_memory_mb=1e-6, **common), big)
     assert rows and min(rows) > 1
-    monkeypatch.setattr(passes_module, "head_is_exact", lambda model, ids: False)  # the plain path: one row per pass
+    monkeypatch.setattr(
+        passes_module, "head_is_exact", lambda model, ids, autocast: False
+    )  # the plain path: one row per pass
     rows.clear()
     assert_same_gradients(step_gradients(tmp_path / "small", max_logits_memory_mb=1e-6, **common), big)
     assert rows and max(rows) == 1
@@ -139,3 +144,35 @@ def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> 
 
 def test_frac7_reward_is_used(tmp_path: Path) -> None:
     assert frac7([[1, 2]]) == [0.0]
+
+
+def forwards_of_one_step(tmp_path: Path, bf16: bool) -> int:
+    """Forwards of the model in one step (sampling, reference log-probs, the update) of a 2-layer model
+    with Qwen2.5's 151,936-token vocabulary, whose float32 logits of one row exceed the 4 MiB budget."""
+    from rloo.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer(vocab_size=151_936)
+    t = RLOOTrainer(
+        model=qwen_vocab_model(len(tok), pad_token_id=tok.pad_token_id),
+        reward_funcs=frac7,
+        args=config_of(tmp_path / str(bf16), max_steps=1, beta=0.05, bf16=bf16, max_logits_memory_mb=4),
+        train_dataset=dataset(),
+        processing_class=tok,
+    )
+    calls = [0]
+    forward = t.unwrapped_model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    t.unwrapped_model.forward = counted  # type: ignore[method-assign]
+    t.train()
+    AcceleratorState._reset_state(reset_partial_state=True)  # one mixed-precision setting per process
+    return calls[0]
+
+
+def test_bf16_autocast_runs_as_many_forwards_as_float32(tmp_path: Path, fresh_accelerate_state: Any) -> None:
+    # the head probe compared float32 with bf16 logits under bf16, failed, and planned one-row passes:
+    # 8 reference passes and 8 training passes instead of 1 and 1
+    assert forwards_of_one_step(tmp_path, bf16=True) == forwards_of_one_step(tmp_path, bf16=False)

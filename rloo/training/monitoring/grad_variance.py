@@ -34,9 +34,10 @@ from torch import Tensor, nn
 from rloo.algo.variance import USED, alternative_advantages, group_estimates, variance_metrics
 from rloo.config import RLOOConfig
 from rloo.config.validation import fail
+from rloo.generation.lm_head import Autocast
 from rloo.generation.logprobs import completion_logprobs
 from rloo.training.parallel.distributed import Ranks
-from rloo.training.passes import Autocast, TrainBatch, take_rows
+from rloo.training.passes import TrainBatch, take_rows
 
 SKETCH_DIM = 1024
 SKETCH_SEED = 20_240_214
