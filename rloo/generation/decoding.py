@@ -31,6 +31,15 @@ from rloo.generation.sampling import SamplingParams
 # of the rows kept (about one decoding step's cache reads), so it waits for a real saving. The
 # default of RLOOConfig.sampler_compaction (rloo.config.plumbing; tests/generation/test_decoding.py checks it)
 COMPACT_AT = 0.25
+# on a GPU, the decode loop reads "every row finished?" (and compacts) once per this many steps: each read
+# is a host sync that drains the launch queue; a read that comes late costs at most this many steps of the
+# compacted batch decoding padding. On a CPU nothing runs ahead, so the loop reads every step.
+CUDA_CHECK_EVERY = 8
+
+
+def finished_check_every(device: torch.device) -> int:
+    """Decode steps between the loop's host reads of its finished rows on ``device``."""
+    return CUDA_CHECK_EVERY if device.type == "cuda" else 1
 
 
 def step_draws(
@@ -46,34 +55,78 @@ def step_draws(
     return torch.rand((total, 1), generator=generator, device=rows.device, dtype=torch.float32)[rows, 0]
 
 
+def attention_mask_kind(model: nn.Module, cache: Any, padded: bool) -> str:
+    """How a decoding step hands the model its attention mask, without a host sync where it can:
+
+    - ``"none"``: a state-space model (its own ``generate`` passes none), or an attention model whose
+      prompts have no padding (the mask would be all ones: transformers then checks that on the host
+      every step, ``fast_all``, to skip building it);
+    - ``"4d"``: a model whose every layer attends in full through SDPA, with left-padded prompts: the
+      ``(B, 1, 1, L)`` boolean mask transformers' ``sdpa_mask`` builds for one query position (the
+      query is each row's last position, so the causal part is empty), passed ready-made; transformers
+      returns a 4-D mask as is, skipping its host check;
+    - ``"2d"``: anything else (sliding windows, another attention backend), the ``(B, L)`` mask as before.
+    """
+    if is_recurrent(cache):
+        return "none"
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
+    full = (
+        getattr(config, "_attn_implementation", None) == "sdpa"
+        and getattr(text, "_attn_implementation", "sdpa") == "sdpa"
+        and layer_types == {"full_attention"}
+        and not getattr(text, "sliding_window", None)
+    )
+    if not full:
+        return "2d"
+    return "4d" if padded else "none"
+
+
 @dataclass
 class DecodeBatch:
     """The rows a decoding step runs: ``rows`` ``(B,)`` their indices among the N rollout rows, and
-    their cache, attention mask ``(B, L)``, next positions ``(B, 1)``, rope deltas ``(B, 1)`` (a
-    Qwen-VL prompt) or None, penalty history ``(B, H)`` and next-token logits ``(B, V)``."""
+    their cache, attention mask buffer ``(B, Tp + max_new)`` (prompt mask, then ones: the first
+    ``length`` columns are the mask of the tokens so far), next positions ``(B, 1)``, rope deltas
+    ``(B, 1)`` (a Qwen-VL prompt) or None, penalty history ``(B, H)`` and next-token logits ``(B, V)``.
+    ``mask_kind``: :func:`attention_mask_kind`."""
 
     rows: Tensor
     total: int
     keyword: str
-    recurrent: bool
+    mask_kind: str
     cache: Any
     attention: Tensor
+    length: int
     next_position: Tensor
     rope_deltas: Tensor | None
     history: Tensor
     logits: Tensor
 
     @classmethod
-    def start(cls, filled: Any, cache: Any, prompt_ids: Tensor, prompt_mask: Tensor) -> DecodeBatch:
+    def start(
+        cls,
+        model: nn.Module,
+        filled: Any,
+        cache: Any,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        max_new: int,
+        padded: bool,
+    ) -> DecodeBatch:
         """Every row of a prefill (:class:`rloo.generation.rollout.Prefill`) whose cache is now
-        ``cache``, for ``(N, Tp)`` left-padded prompts."""
+        ``cache``, for ``(N, Tp)`` left-padded prompts (``padded``: any row has padding) and up to
+        ``max_new`` tokens each."""
+        kind = attention_mask_kind(model, cache, padded)
+        attention = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], max_new)], dim=1)
         return cls(
             rows=torch.arange(prompt_ids.shape[0], device=prompt_ids.device),
             total=prompt_ids.shape[0],
             keyword=filled.keyword,
-            recurrent=is_recurrent(cache),
+            mask_kind=kind,
             cache=cache,
-            attention=prompt_mask,
+            attention=attention.bool() if kind == "4d" else attention,
+            length=prompt_mask.shape[1],
             next_position=prompt_mask.sum(dim=1, keepdim=True),
             rope_deltas=filled.rope_deltas,
             # the penalty's history must skip left padding (as transformers does): fill the padding
@@ -90,14 +143,15 @@ class DecodeBatch:
         out[self.rows] = values
         return out
 
-    def compact(self, finished: Tensor, fraction: float) -> None:
-        """Drop the batch's finished rows (``finished``: ``(N,)``) once they are ``fraction`` of it."""
-        done = finished[self.rows]
-        count = int(done.sum())
+    def compact(self, finished: Tensor, fraction: float, count: int) -> None:
+        """Drop the batch's finished rows (``finished``: ``(N,)``; ``count`` of them among the batch's
+        rows, read by the caller) once they are ``fraction`` of it."""
         if count == 0 or count < fraction * self.rows.numel():
             return
-        # every row finished yet still decoding (lockstep with other processes, FSDP): keep one
-        keep = (~done).nonzero().flatten() if count < done.numel() else done.nonzero().flatten()[:1]
+        done, size = finished[self.rows], self.rows.numel()
+        # every row finished yet still decoding (lockstep with other processes, FSDP): keep one. The
+        # number kept is known here, so the indices come without a host sync (nonzero_static)
+        keep = torch.nonzero_static(~done if count < size else done, size=max(size - count, 1)).flatten()
         select_rows(self.cache, keep)
         self.rows = self.rows[keep]
         self.attention, self.next_position = self.attention[keep], self.next_position[keep]
@@ -105,16 +159,22 @@ class DecodeBatch:
         if self.rope_deltas is not None:
             self.rope_deltas = self.rope_deltas[keep]
 
+    def mask(self) -> Tensor | None:
+        """The attention mask of the next step's forward (:func:`attention_mask_kind`)."""
+        if self.mask_kind == "none":
+            return None
+        if self.mask_kind == "4d":
+            return self.attention[:, None, None, : self.length]
+        return self.attention[:, : self.length]
+
     def advance(self, model: nn.Module, token: Tensor, record_history: bool) -> None:
         """Feed each row its token ``(B,)`` and keep the next-token logits."""
         if record_history:
             self.history = torch.cat([self.history, token.unsqueeze(1)], dim=1)
-        self.attention = torch.cat([self.attention, torch.ones_like(token).unsqueeze(1)], dim=1)
+        self.length += 1
         out = model(
             input_ids=token.unsqueeze(1),
-            # a state-space model's own generate decodes without a mask (it masks input positions, and
-            # the whole mask would broadcast against the one new position)
-            attention_mask=None if self.recurrent else self.attention,
+            attention_mask=self.mask(),
             position_ids=step_positions(self.next_position, self.rope_deltas),
             use_cache=True,
             **{self.keyword: self.cache},

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
-from rloo.generation.decoding import DecodeBatch, step_draws
+from rloo.generation.decoding import DecodeBatch, finished_check_every, step_draws
 from rloo.generation.device import model_device
 from rloo.generation.kv_cache import can_select_rows, preallocate, returned_cache, share_prefill
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions
@@ -215,6 +215,7 @@ def generate_rollouts(
     vision: VisionInputs | None = None,
     all_done: Callable[[bool], bool] | None = None,
     compact_at: float | None = None,
+    check_every: int | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` completions for each prompt.
 
@@ -229,6 +230,9 @@ def generate_rollouts(
     parameters: each forward is a collective); a finished process then keeps decoding padding.
     ``compact_at``: finished rows leave the decode batch once they are this fraction of it
     (:mod:`rloo.generation.decoding`; exact, and only for a cache it can select rows of); None never.
+    ``check_every``: whether every row has finished (and whether to compact) is read on the host every
+    this many steps (None: :func:`rloo.generation.decoding.finished_check_every`); each read is a host
+    sync, which on a GPU stops the host from queueing the next steps while the device works.
     """
     device = model_device(model)
     k = num_generations
@@ -240,13 +244,17 @@ def generate_rollouts(
     filled = prefill(model, ids, mask, k, vision)
     prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
     total = prompt_ids_k.shape[0]
-    batch = DecodeBatch.start(filled, preallocate(filled.cache, max_new_tokens), prompt_ids_k, prompt_mask_k)
+    padded = any(len(seq) != ids.shape[1] for seq in prompt_ids)
+    cache = preallocate(filled.cache, max_new_tokens)
+    batch = DecodeBatch.start(model, filled, cache, prompt_ids_k, prompt_mask_k, max_new_tokens, padded)
     compact_at = compact_at if can_select_rows(batch.cache) else None
+    check_every = check_every or finished_check_every(device)
     eos = torch.tensor(list(eos_token_ids), device=device)
     placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
     finished = torch.zeros(total, dtype=torch.bool, device=device)
     cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
     lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
+    last_step = torch.full_like(lengths, max_new_tokens - 1)  # the step each row finished at
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
     for step in range(max_new_tokens):
@@ -262,14 +270,22 @@ def generate_rollouts(
         # ends before it, as truncated (no EOS)
         cuts = ~finished & torch.isin(token, placeholders)
         lengths = torch.where(ends, step + 1, torch.where(cuts, step, lengths))
+        last_step = torch.where(ends | cuts, step, last_step)
         finished, cut = finished | ends | cuts, cut | cuts
-        done = bool(finished.all())
-        if (all_done(done) if all_done is not None else done) or step == max_new_tokens - 1:
+        if step == max_new_tokens - 1:
             break
-        if compact_at is not None:
-            batch.compact(finished, compact_at)
+        if (step + 1) % check_every == 0:  # the one host read of this step: rows finished, in all and in the batch
+            finished_rows, finished_in_batch = torch.stack([finished.sum(), finished[batch.rows].sum()]).tolist()
+            done = finished_rows == total
+            if all_done(done) if all_done is not None else done:
+                break
+            if compact_at is not None:
+                batch.compact(finished, compact_at, finished_in_batch)
         batch.advance(model, token[batch.rows], params.repetition_penalty != 1.0)
-    completion_ids = torch.stack(tokens, dim=1)
+    # the loop may have run past the step every row had finished by (it checks every check_every steps):
+    # those columns are padding, dropped
+    completion_ids = torch.stack(tokens[: int(last_step.max()) + 1], dim=1)
+    logprobs = logprobs[: completion_ids.shape[1]]
     completion_mask = completion_mask_from_lengths(lengths, completion_ids.shape[1])
     completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
     return Rollout(

@@ -14,6 +14,7 @@ from rloo.generation.kv_cache import PreallocatedLayer, can_select_rows, select_
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
+from rloo.op_counts import OpCounts
 from tests.generation.test_model_families import FAMILIES, PROMPTS, build, encode_vision, rows
 from tests.helpers.models import make_tokenizer
 from tests.helpers.vision import VISION_FAMILIES, build_vision
@@ -198,3 +199,66 @@ def test_sampler_compaction_is_on_by_default_none_turns_it_off_and_it_reaches_th
     assert passed and set(passed) == {None} and spy.sizes == []  # bit-comparable across process counts
     trainer(tmp_path / "on", max_steps=1, max_completion_length=12, sampler_compaction=1e-9).train()
     assert spy.sizes, "the run's sampler compacted its decode batch"
+
+
+def host_syncs(model: Any, prompt_ids: list[list[int]], steps: int, **kwargs: Any) -> tuple[int, Rollout]:
+    """Host syncs (:class:`rloo.op_counts.OpCounts`) of one rollout of ``steps`` new tokens."""
+    with OpCounts() as counts:
+        rollout = sample(model, prompt_ids, 0.25, max_new_tokens=steps, **kwargs)
+    return counts.total_syncs, rollout
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded-prompts", "same-length-prompts"])
+def test_the_decode_loop_syncs_at_most_once_per_8_steps(padded: bool) -> None:
+    # 3 syncs a step before: the finished check, the compaction count and transformers' mask check
+    tokenizer = make_tokenizer()
+    model = build("llama", tokenizer)
+    prompt_ids = [tokenizer.encode(text) for text in (PROMPTS if padded else ["1+2=", "3+4="])]
+    settings: dict[str, Any] = {"pad_token_id": tokenizer.pad_token_id, "eos_token_ids": [4], "check_every": 8}
+    short, _ = host_syncs(model, prompt_ids, 8, **settings)
+    long, rollout = host_syncs(model, prompt_ids, 40, **settings)
+    lengths = rollout.completion_mask.sum(dim=1)
+    assert rollout.completion_ids.shape[1] == 40 and lengths.min() < 40, "rows end early, one runs to the limit"
+    assert long - short <= 32 / 8, f"{long - short} host syncs in 32 decode steps"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_ready_made_mask_and_the_coarse_finished_check_sample_as_before(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = make_tokenizer()
+    model = build(family, tokenizer)
+    prompt_ids = [tokenizer.encode(text) for text in PROMPTS]
+    settings = {"pad_token_id": tokenizer.pad_token_id, "eos_token_ids": [tokenizer.eos_token_id, 3, 4]}
+    fast = sample(model, prompt_ids, 0.25, check_every=8, **settings)
+    kinds: list[str] = []
+    kind = decoding_module.attention_mask_kind
+
+    def two_d(*args: Any) -> str:  # the (B, L) mask transformers checks on the host, as before
+        kinds.append(kind(*args))  # padded prompts: "none" only for a state-space model, which takes none
+        return "none" if kinds[-1] == "none" else "2d"
+
+    monkeypatch.setattr(decoding_module, "attention_mask_kind", two_d)
+    plain = sample(model, prompt_ids, 0.25, check_every=1, **settings)
+    assert fast.completion_ids.tolist() == plain.completion_ids.tolist()  # the same width: trailing padding dropped
+    assert torch.equal(fast.completion_mask, plain.completion_mask) and torch.equal(fast.truncated, plain.truncated)
+    torch.testing.assert_close(fast.sampling_logprobs, plain.sampling_logprobs, atol=2e-5, rtol=0)
+    assert kinds
+
+
+def test_the_mask_kind_by_model() -> None:
+    tokenizer = make_tokenizer()
+    llama = build("llama", tokenizer)
+    cache = DynamicCache()
+    assert decoding_module.attention_mask_kind(llama, cache, padded=True) == "4d"
+    assert decoding_module.attention_mask_kind(llama, cache, padded=False) == "none"
+    llama.config._attn_implementation = "eager"  # its masks are additive floats: transformers builds them
+    assert decoding_module.attention_mask_kind(llama, cache, padded=True) == "2d"
+    sliding = build("mistral", tokenizer)
+    sliding.config.sliding_window = 4  # a window: the mask has a band transformers builds
+    assert decoding_module.attention_mask_kind(sliding, cache, padded=False) == "2d"
+
+
+def test_the_loop_reads_its_finished_rows_every_8_steps_on_a_gpu_only() -> None:
+    assert decoding_module.finished_check_every(torch.device("cuda")) == 8
+    assert decoding_module.finished_check_every(torch.device("cpu")) == 1
