@@ -86,6 +86,8 @@ def _laid_out_logprobs(
     ``share_prompts`` allows it); None where the plain pass runs."""
     shared = share_prompts and may_share(model)
     packed = padding_free and packs_rows(model)
+    if not (shared or packed):
+        return None
     choice = choose_layout(*rows[:2], rows[3], forward_cost(model), shared=shared, packed=packed)
     if choice.layout == "packed":
         result = packed_logprobs(model, *rows, choice, score, with_entropy, chunk)

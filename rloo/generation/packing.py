@@ -27,7 +27,8 @@ Which layout a pass takes (:func:`choose_layout`) is a FLOPs comparison, per pas
 
 A forward costs ``2 x P`` FLOPs per token (P: the non-embedding weights a token multiplies; the LM head is
 applied to the same completion tokens in every layout and is left out), ``4 x layers x heads x head_dim``
-per (query, key) pair, and a fixed cost per forward of :data:`BUCKET_OVERHEAD` tokens. The same cost
+per (query, key) pair, and a fixed cost per forward of some tokens' worth, measured on a GPU
+(:mod:`rloo.generation.forward_overhead`: ~10^4 token-rows there, a few dozen on a CPU). The same cost
 model gives the least FLOPs any layout could reach (:func:`minimum_flops`: every prompt once, no
 padding, attention only to a row's own tokens), which the benchmark reports ratios to.
 """
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rloo.generation.forward_overhead import forward_overhead
 from rloo.generation.lm_head import (
     ChunkScore,
     HeadInputs,
@@ -49,7 +51,7 @@ from rloo.generation.lm_head import (
     chunked_head_logprobs,
     matches_model_logits,
 )
-from rloo.generation.shared_prompt import BUCKET_OVERHEAD, distinct_prompts, length_buckets
+from rloo.generation.shared_prompt import distinct_prompts, length_buckets
 
 # each probed model's verdict (:func:`packs_rows`): a fact of the model, never of a pass's history
 _PACKS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -92,7 +94,7 @@ def _forward_cost(model: nn.Module) -> ForwardCost:
     return ForwardCost(
         per_token=per_token,
         per_pair=4.0 * layers * heads * head_dim,
-        per_forward=BUCKET_OVERHEAD * per_token,
+        per_forward=forward_overhead(model) * per_token,  # measured on a GPU, a CPU constant elsewhere
         varlen=any(name in implementation for name in VARLEN_ATTENTION),
     )
 
@@ -155,7 +157,7 @@ def shared_flops(
     tp = max(prompt_lengths, default=0)
     flops = distinct * tp * cost.per_token + distinct * tp**2 * cost.per_pair + cost.per_forward
     forwarded = [max(length - 1, 0) for length in completion_lengths]  # the first is the prompt forward's
-    for bucket in length_buckets(forwarded, BUCKET_OVERHEAD):
+    for bucket in length_buckets(forwarded, cost.per_forward / cost.per_token if cost.per_token else 0.0):
         width = max(forwarded[row] for row in bucket)
         if width == 0:
             continue

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from rloo.generation.forward_overhead import forward_overhead
 from rloo.generation.kv_cache import cache_of
 from rloo.generation.lm_head import (
     ChunkScore,
@@ -56,15 +57,9 @@ from rloo.generation.multimodal import position_ids_from_mask
 
 # models whose prompt cache the shared path cannot index (not plain DynamicLayer layers)
 _UNSHARED_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-# one more completion forward's fixed cost, in padded token-rows (:func:`length_buckets`): launching every
-# layer's kernels, reading the weights once more, a head check and the bucket's cache selection cost about
-# what a few dozen rows of tokens do in a small to mid-size model on a GPU. An estimate, not a measurement:
-# the partition depends little on it where buckets pay (the padding they save is thousands of token-rows),
-# and it keeps passes of few short rows, where a bucket would save less than a forward costs, in one forward.
-BUCKET_OVERHEAD = 32
 
 
-def length_buckets(lengths: Sequence[int], overhead: float = BUCKET_OVERHEAD) -> list[list[int]]:
+def length_buckets(lengths: Sequence[int], overhead: float) -> list[list[int]]:
     """The rows cut into length buckets, each to run as its own forward padded to its longest row.
 
     lengths: the tokens each row's forward must hold. Returns row indices (into ``lengths``) per bucket:
@@ -72,7 +67,8 @@ def length_buckets(lengths: Sequence[int], overhead: float = BUCKET_OVERHEAD) ->
     so each bucket is a contiguous segment of the sorted lengths.
 
     Cost model: a bucket of ``n`` rows whose longest holds ``L`` tokens costs ``n x L`` token-rows (its
-    forward pads every row to ``L``) plus ``overhead``, one forward's fixed cost in token-rows. The
+    forward pads every row to ``L``) plus ``overhead``, one forward's fixed cost in token-rows
+    (:func:`rloo.generation.forward_overhead.forward_overhead`: a few dozen on a CPU, ~10^4 on a GPU). The
     partition returned minimises the sum over buckets, ``sum(n_b x L_b) + overhead x buckets``, among
     the contiguous partitions of the sorted lengths, by dynamic programming over the places where the
     length changes (O(D^2) for D distinct lengths: moving rows tied with a shorter bucket's longest
@@ -249,7 +245,7 @@ def shared_prompt_logprobs(
     columns = torch.arange(1, completion_mask.shape[1] + 1, device=completion_mask.device)
     lengths = torch.where(completion_mask.bool(), columns, 0).amax(dim=1).tolist()  # up to the last real token
     # the completion forward holds each row's tokens but its last (the first is predicted by the prompt's)
-    buckets = length_buckets([max(length - 1, 0) for length in lengths], BUCKET_OVERHEAD)
+    buckets = length_buckets([max(length - 1, 0) for length in lengths], forward_overhead(model))
     if len(buckets) == 1:  # one completion forward over every row, as wide as the pass
         return rows_logprobs(inverse, prompt_mask, completion_ids, completion_mask)
     parts = []

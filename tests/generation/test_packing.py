@@ -175,9 +175,14 @@ def test_flops_hand_example() -> None:
     assert best_packing([10, 6, 3], varlen)[:2] == (19, [[0, 1, 2]])  # the rows' own pairs: no padding wins
     # 2 rows of one 3-token prompt with completions of 4 and 1: the prompt once, then one completion forward
     # of both rows (a bucket saves less than a forward costs) 3 tokens wide, attending 3 prompt columns and
-    # their own; the minimum: the prompt once, the completions' own tokens
-    assert shared_flops([3, 3], [4, 1], [0, 0], cost) == (3 * 2 + 9 + 5) + (2 * 3 * 2 + 2 * 3 * (3 + 3) + 5)
-    assert minimum_flops([3, 3], [4, 1], [0, 0], cost) == (3 * 2 + 9) + 5 + (3 * 2 + 3 * 6) + 0
+    # their own; the minimum: the prompt once, the completions' own tokens. A forward costs 32 token-rows here
+    # (the buckets weigh padding against the cost's own per_forward / per_token)
+    cost = ForwardCost(per_token=2.0, per_pair=1.0, per_forward=64.0)
+    assert shared_flops([3, 3], [4, 1], [0, 0], cost) == (3 * 2 + 9 + 64) + (2 * 3 * 2 + 2 * 3 * (3 + 3) + 64)
+    assert minimum_flops([3, 3], [4, 1], [0, 0], cost) == (3 * 2 + 9) + 64 + (3 * 2 + 3 * 6) + 0
+    # a forward worth 2.5 token-rows: the 1-token completion's bucket (no tokens fed) saves 3, so it splits
+    cheap = ForwardCost(per_token=2.0, per_pair=1.0, per_forward=5.0)
+    assert shared_flops([3, 3], [4, 1], [0, 0], cheap) == (3 * 2 + 9 + 5) + (3 * 2 + 3 * (3 + 3) + 5)
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=24), st.integers(0, 2))

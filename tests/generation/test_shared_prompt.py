@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import rloo.generation.forward_overhead as overhead_module
 import rloo.generation.shared_prompt as shared_module
 import tests.generation.test_lm_head as chunked_head_test
 from rloo.algo.masks import completion_mask_from_lengths
@@ -48,7 +49,7 @@ def completion_forwards(completion_mask: torch.Tensor) -> list[tuple[int, int]]:
     """The completion forwards' input shapes: one over every row as wide as the pass, or one per length
     bucket as wide as its longest row but one (none for 1-token rows: the prompt predicts their token)."""
     fed = [max(int(length) - 1, 0) for length in completion_mask.sum(dim=1)]
-    buckets = length_buckets(fed, shared_module.BUCKET_OVERHEAD)
+    buckets = length_buckets(fed, overhead_module.CPU_OVERHEAD)
     if len(buckets) == 1:
         return [tuple(completion_mask[:, 1:].shape)] if completion_mask.shape[1] > 1 else []
     return [(len(bucket), max(fed[row] for row in bucket)) for bucket in buckets if max(fed[row] for row in bucket)]
@@ -176,10 +177,10 @@ def rows_of_lengths(tokenizer: Any, lengths: list[int]) -> Rollout:
     )
 
 
-@pytest.mark.parametrize("overhead", [shared_module.BUCKET_OVERHEAD, 0])  # 0: a bucket per distinct length
+@pytest.mark.parametrize("overhead", [overhead_module.CPU_OVERHEAD, 0])  # 0: a bucket per distinct length
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_length_buckets_equal_the_plain_pass(family: str, overhead: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shared_module, "BUCKET_OVERHEAD", overhead)
+    monkeypatch.setattr(overhead_module, "CPU_OVERHEAD", overhead)
     tokenizer = make_tokenizer()
     model = build(family, tokenizer)
     r = rows_of_lengths(tokenizer, VARIED)
@@ -203,7 +204,7 @@ def test_buckets_run_one_completion_forward_each(monkeypatch: pytest.MonkeyPatch
             logprobs_and_grads(model, rows_of_lengths(tokenizer, list(lengths)), True, grad=False)
         calls.handle.remove()
         assert calls.shapes == shapes, lengths
-    monkeypatch.setattr(shared_module, "BUCKET_OVERHEAD", 0)  # a bucket per length; 1-token rows: no forward
+    monkeypatch.setattr(overhead_module, "CPU_OVERHEAD", 0)  # a bucket per length; 1-token rows: no forward
     calls = PromptRows(model)
     with torch.no_grad():
         logprobs_and_grads(model, rows_of_lengths(tokenizer, VARIED), True, grad=False)
