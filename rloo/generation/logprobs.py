@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from rloo.algo.stats import softmax_entropy
 from rloo.generation.lm_head import chunked_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
-from rloo.generation.packing import choose_layout, forward_cost, packed_logprobs, packs_rows
+from rloo.generation.packing import RowLengths, choose_layout, forward_cost, packed_logprobs, packs_rows
 from rloo.generation.shared_prompt import may_share, shared_prompt_logprobs
 
 
@@ -88,12 +88,17 @@ def _laid_out_logprobs(
     packed = padding_free and packs_rows(model)
     if not (shared or packed):
         return None
-    choice = choose_layout(*rows[:2], rows[3], forward_cost(model), shared=shared, packed=packed)
+    lengths = RowLengths.of(rows[1], rows[3])  # the pass's one host read of its lengths
+    choice = choose_layout(*rows[:2], rows[3], forward_cost(model), shared=shared, packed=packed, lengths=lengths)
     if choice.layout == "packed":
         result = packed_logprobs(model, *rows, choice, score, with_entropy, chunk)
         if result is not None:
             return result
-    return shared_prompt_logprobs(model, *rows, score, with_entropy, chunk) if shared else None
+    if not shared:
+        return None
+    return shared_prompt_logprobs(
+        model, *rows, score, with_entropy, chunk, completion_lengths=lengths.completion, groups=choice.groups
+    )
 
 
 @dataclass

@@ -183,24 +183,57 @@ def minimum_flops(
 
 
 @dataclass(frozen=True)
+class RowLengths:
+    """A pass's per-row lengths on the host, read in one device-to-host copy (:meth:`of`) and handed down,
+    so the layout choice, the packing and the buckets make no host syncs of their own. ``prompt``: real
+    prompt tokens; ``completion``: up to the last real completion token (right-padded); ``contiguous``:
+    left-padded prompts and right-padded completions with no holes, and no empty prompt."""
+
+    prompt: list[int]
+    completion: list[int]
+    contiguous: bool
+
+    @classmethod
+    def of(cls, prompt_mask: Tensor, completion_mask: Tensor) -> RowLengths:
+        p, c = prompt_mask.bool(), completion_mask.bool()
+        columns = torch.arange(1, c.shape[1] + 1, device=c.device)
+        last = torch.where(c, columns, 0).amax(dim=1) if c.shape[1] else c.new_zeros(c.shape[0], dtype=torch.long)
+        holes = (p[:, 1:] < p[:, :-1]).any() | (c[:, 1:] > c[:, :-1]).any() | ~p.any(dim=1).all()
+        values = torch.cat([p.sum(dim=1), last, holes.long().view(1)]).tolist()  # the one host read
+        n = p.shape[0]
+        return cls(values[:n], values[n : 2 * n], not values[-1])
+
+
+@dataclass(frozen=True)
 class LayoutChoice:
-    """A pass's layout (``plain``, ``shared`` or ``packed``), the bins of a packed one, and each layout's FLOPs."""
+    """A pass's layout (``plain``, ``shared`` or ``packed``), the bins of a packed one, each layout's FLOPs,
+    and what the choice read: the rows' :class:`RowLengths` and their distinct prompts."""
 
     layout: str
     bins: list[list[int]] | None
     capacity: int
     flops: dict[str, float]
+    lengths: RowLengths | None = None
+    groups: tuple[Tensor, Tensor] | None = None  # the shared path's distinct prompts, where it was considered
 
 
 def choose_layout(
-    prompt_ids: Tensor, prompt_mask: Tensor, completion_mask: Tensor, cost: ForwardCost, *, shared: bool, packed: bool
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_mask: Tensor,
+    cost: ForwardCost,
+    *,
+    shared: bool,
+    packed: bool,
+    lengths: RowLengths | None = None,
 ) -> LayoutChoice:
     """The layout of a pass of these prompts ``(N, Tp)`` and completion mask ``(N, Tc)``: packed (where
     ``packed`` allows it) when it costs fewer FLOPs than the pass would otherwise take, which is the shared
     path where ``shared`` allows it and some prompt repeats (it always runs there: its own buckets weigh it
-    against padding), else plain. ``flops``: each layout considered, plain always (for reports)."""
-    prompt_lengths = [int(n) for n in prompt_mask.sum(dim=1).tolist()]
-    completion_lengths = completion_lengths_of(completion_mask)
+    against padding), else plain. ``flops``: each layout considered, plain always (for reports).
+    ``lengths``: the rows' :class:`RowLengths` where the caller has read them."""
+    lengths = lengths or RowLengths.of(prompt_mask, completion_mask)
+    prompt_lengths, completion_lengths = lengths.prompt, lengths.completion
     rows = [p + max(c - 1, 0) for p, c in zip(prompt_lengths, completion_lengths, strict=True)]  # (:func:`pack`)
     flops = {"plain": plain_flops([prompt_mask.shape[1] + completion_mask.shape[1]] * len(rows), cost)}
     groups = distinct_prompts(prompt_ids, prompt_mask) if shared else None
@@ -210,22 +243,17 @@ def choose_layout(
     if packed and rows:
         capacity, bins, flops["packed"] = best_packing(rows, cost)
         if flops["packed"] < flops[base]:
-            return LayoutChoice("packed", bins, capacity, flops)
-    return LayoutChoice(base, None, 0, flops)
+            return LayoutChoice("packed", bins, capacity, flops, lengths, groups)
+    return LayoutChoice(base, None, 0, flops, lengths, groups)
 
 
-def completion_lengths_of(completion_mask: Tensor) -> list[int]:
-    """Each row's completion length: up to its last real token (right-padded)."""
-    columns = torch.arange(1, completion_mask.shape[1] + 1, device=completion_mask.device)
-    return [int(x) for x in torch.where(completion_mask.bool(), columns, 0).amax(dim=1).tolist()]
-
-
-def _contiguous(prompt_mask: Tensor, completion_mask: Tensor) -> bool:
-    """Left-padded prompts and right-padded completions with no holes: a row's real tokens are one run."""
-    p, c = prompt_mask.bool(), completion_mask.bool()
-    prompt_ok = bool((p[:, 1:] >= p[:, :-1]).all()) if p.shape[1] > 1 else True
-    completion_ok = bool((c[:, 1:] <= c[:, :-1]).all()) if c.shape[1] > 1 else True
-    return prompt_ok and completion_ok and bool(p.any(dim=1).all())
+def host_to_device(values: list[int], device: torch.device) -> Tensor:
+    """``values`` as a long tensor on ``device``; to a GPU through pinned memory without waiting (a
+    blocking host-to-device copy synchronizes the stream)."""
+    tensor = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -239,38 +267,42 @@ class Packed:
 
 
 def pack(
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
-    bins: list[list[int]],
-    capacity: int,
+    prompt_ids: Tensor, completion_ids: Tensor, lengths: RowLengths, bins: list[list[int]], capacity: int
 ) -> Packed:
     """Each row's real prompt then completion tokens but the last (only predicted), its positions
     ``0..len-1``, placed in its bin; a bin's unused tail gets token 0 at positions restarting at 0 (a
-    sequence of its own, attended by nothing)."""
+    sequence of its own, attended by nothing). Rows are contiguous (``lengths.contiguous``): a row's
+    tokens are one run of ``[prompt | completion]`` from its first real prompt column, so the bins are one
+    gather over those rows, its indices built on the host from ``lengths`` (no host sync)."""
     device = prompt_ids.device
-    ids = torch.zeros(len(bins), capacity, dtype=prompt_ids.dtype, device=device)
-    positions = torch.zeros(len(bins), capacity, dtype=torch.long, device=device)
-    prompt_real, completion_real = prompt_mask.bool(), completion_mask.bool()
-    where: dict[int, int] = {}  # each row's first flat index
-    for b, rows in enumerate(bins):
+    tp, width = prompt_ids.shape[1], prompt_ids.shape[1] + completion_ids.shape[1]
+    rows = torch.cat([prompt_ids, completion_ids], dim=1).flatten()
+    pad = rows.shape[0]  # the index of a 0 appended after the rows: the bins' unused tails
+    gather: list[int] = []
+    positions: list[int] = []
+    where: dict[int, int] = {}  # each row's first flat index in the bins
+    for b, bin_rows in enumerate(bins):
         offset = 0
-        for row in rows:
-            tokens = torch.cat([prompt_ids[row][prompt_real[row]], completion_ids[row][completion_real[row]][:-1]])
-            n = tokens.shape[0]
-            ids[b, offset : offset + n] = tokens
-            positions[b, offset : offset + n] = torch.arange(n, device=device)
+        for row in bin_rows:
+            n = lengths.prompt[row] + max(lengths.completion[row] - 1, 0)
+            start = row * width + tp - lengths.prompt[row]
+            gather.extend(range(start, start + n))
+            positions.extend(range(n))
             where[row] = b * capacity + offset
             offset += n
-        positions[b, offset:] = torch.arange(capacity - offset, device=device)
-    prompt_lengths = prompt_real.sum(dim=1).tolist()
+        gather.extend([pad] * (capacity - offset))
+        positions.extend(range(capacity - offset))
     predictors = [
-        where[row] + prompt_lengths[row] - 1 + j
-        for row in range(completion_ids.shape[0])
-        for j in range(int(completion_real[row].sum()))
+        where[row] + lengths.prompt[row] - 1 + j
+        for row in range(len(lengths.prompt))
+        for j in range(lengths.completion[row])
     ]
-    return Packed(ids, positions, torch.tensor(predictors, dtype=torch.long, device=device))
+    ids = torch.cat([rows, rows.new_zeros(1)]).index_select(0, host_to_device(gather, device))
+    return Packed(
+        ids.view(len(bins), capacity),
+        host_to_device(positions, device).view(len(bins), capacity),
+        host_to_device(predictors, device),
+    )
 
 
 def packs_rows(model: nn.Module) -> bool:
@@ -328,9 +360,10 @@ def packed_logprobs(
     rows, no aux loss) from one forward of the rows packed in ``choice``'s bins; 0 at padding. None where
     the plain pass must run (a head the chunked path cannot reproduce, rows with holes in their masks)."""
     head = chunkable_head(model)
-    if head is None or choice.bins is None or not _contiguous(prompt_mask, completion_mask):
+    lengths = choice.lengths or RowLengths.of(prompt_mask, completion_mask)
+    if head is None or choice.bins is None or not lengths.contiguous:
         return None
-    packed = pack(prompt_ids, prompt_mask, completion_ids, completion_mask, choice.bins, choice.capacity)
+    packed = pack(prompt_ids, completion_ids, lengths, choice.bins, choice.capacity)
     with HeadInputs(head) as inputs:
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
     hidden = inputs.hidden

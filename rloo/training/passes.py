@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +29,7 @@ from rloo.algo.stats import ClipFractions, masked_mean
 from rloo.generation.lm_head import Autocast, head_is_exact
 from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.multimodal import VisionInputs
+from rloo.generation.packing import host_to_device
 from rloo.generation.rollout import Rollout
 
 
@@ -146,15 +147,12 @@ def rows_per_pass(sequence_length: int, vocab_size: int, budget_mib: float, cap:
     return max(1, min(cap, int(budget_mib * 2**20) // max(1, per_row)))
 
 
-def plan_passes(rows: Tensor, lengths: Tensor, max_rows: int) -> list[Tensor]:
-    """Cut ``rows`` into passes of at most ``max_rows``, longest first, so each pass pads little.
-
-    rows: ``(n,)`` indices; lengths: ``(N,)`` completion length of every row of the batch.
-    """
-    if rows.numel() == 0:
-        return []
-    ordered = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
-    return list(torch.split(ordered, max_rows))
+def plan_passes(rows: Sequence[int], lengths: Sequence[int], max_rows: int) -> list[list[int]]:
+    """Cut ``rows`` into passes of at most ``max_rows``, longest first (ties in order), so each pass pads
+    little. On the host: ``rows`` indices, ``lengths`` the completion length of every row of the batch
+    (read once per batch, so planning makes no host sync per pass)."""
+    ordered = sorted(rows, key=lambda row: -lengths[row])
+    return [ordered[start : start + max_rows] for start in range(0, len(ordered), max_rows)]
 
 
 def trainable_rows(rows: Tensor, advantages: Tensor, skip_zero_advantage: bool) -> Tensor:
@@ -210,11 +208,13 @@ def no_grad_logprobs(
     end to end (:func:`completion_logprobs`)."""
     out = torch.zeros_like(rollout.sampling_logprobs)
     all_rows = torch.arange(rollout.completion_ids.shape[0], device=out.device)
-    passes = plan_passes(all_rows, rollout.completion_mask.sum(dim=1), max_rows)
+    host_lengths = [int(n) for n in rollout.completion_mask.sum(dim=1).tolist()]  # the batch's one host read
+    host_passes = plan_passes(range(len(host_lengths)), host_lengths, max_rows)
+    passes = [host_to_device(rows, out.device) for rows in host_passes]
     total = count_everywhere(len(passes)) if count_everywhere is not None else len(passes)
     for i in range(total):
         rows = passes[i] if i < len(passes) else all_rows[:1]
-        tc = max(int(rollout.completion_mask[rows].sum(dim=1).max()), 1)
+        tc = max(max(host_lengths[row] for row in host_passes[i]) if i < len(passes) else host_lengths[0], 1)
         with autocast():
             lp = completion_logprobs(
                 model,

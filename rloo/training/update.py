@@ -21,6 +21,7 @@ from torch import Tensor
 from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
+from rloo.generation.packing import host_to_device
 from rloo.training import metric_names as names
 from rloo.training.metrics import update_metrics
 from rloo.training.monitoring.nonfinite import NonFiniteGuard
@@ -124,7 +125,8 @@ class Updater:
             [float(batch.loss_mask[all_rows].sum()), float(all_rows.numel()), float(active.numel())]
         )
         self.model.train()
-        passes = plan_passes(active, batch.rollout.completion_mask.sum(dim=1), max_rows)
+        lengths = [int(n) for n in batch.rollout.completion_mask.sum(dim=1).tolist()]
+        passes = [host_to_device(rows, all_rows.device) for rows in plan_passes(active.tolist(), lengths, max_rows)]
         results = []
         for i in range(self.ranks.count_everywhere(len(passes))):
             filler = i >= len(passes)  # lockstep (FSDP): a pass whose loss counts 0, on any row

@@ -18,6 +18,7 @@ import tests.generation.test_lm_head as chunked_head_test
 from rloo.generation.logprobs import TokenLogprobs, completion_logprobs
 from rloo.generation.packing import (
     ForwardCost,
+    RowLengths,
     best_packing,
     choose_layout,
     minimum_flops,
@@ -56,14 +57,16 @@ def forced_packing(monkeypatch: pytest.MonkeyPatch, capacity: str) -> None:
     """Every pass packed where the model allows it: in one bin (``"one"``) or bins of the longest row."""
 
     def choose(
-        prompt_ids: Any, prompt_mask: Any, completion_mask: Any, cost: Any, *, shared: bool, packed: bool
+        prompt_ids: Any, prompt_mask: Any, completion_mask: Any, cost: Any, *, shared: bool, packed: bool, lengths: Any
     ) -> Any:
-        choice = choose_layout(prompt_ids, prompt_mask, completion_mask, UNIT, shared=False, packed=packed)
+        choice = choose_layout(
+            prompt_ids, prompt_mask, completion_mask, UNIT, shared=False, packed=packed, lengths=lengths
+        )
         if choice.layout != "packed" or capacity == "one":
             return choice
         rows = [int(n) - 1 for n in (prompt_mask.sum(1) + completion_mask.sum(1)).tolist()]  # the last not fed
         bins = pack_rows(rows, max(rows))
-        return packing.LayoutChoice("packed", bins, max(rows), choice.flops)
+        return packing.LayoutChoice("packed", bins, max(rows), choice.flops, lengths)
 
     monkeypatch.setattr(logprobs_module, "choose_layout", choose)
 
@@ -154,7 +157,9 @@ def test_pack_hand_example() -> None:
     completion_mask = (completion_ids > 0).long()
     bins = pack_rows([3, 3, 3], 8)
     assert bins == [[0, 1], [2]]
-    packed = pack(prompt_ids, prompt_mask, completion_ids, completion_mask, bins, 8)
+    lengths = RowLengths.of(prompt_mask, completion_mask)
+    assert lengths == RowLengths(prompt=[2, 1, 3], completion=[2, 3, 1], contiguous=True)
+    packed = pack(prompt_ids, completion_ids, lengths, bins, 8)
     assert packed.input_ids.tolist() == [[11, 12, 13, 21, 22, 23, 0, 0], [31, 32, 33, 0, 0, 0, 0, 0]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 0, 1], [0, 1, 2, 0, 1, 2, 3, 4]]
     # completion tokens 13, 14 | 22, 23, 24 | 34 are predicted by flat positions 1, 2 | 3, 4, 5 | 8 + 2

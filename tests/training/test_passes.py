@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from accelerate.state import AcceleratorState
 from pytest import MonkeyPatch
 
 import rloo.training.passes as passes_module
+from rloo.op_counts import OpCounts
 from rloo.training.passes import no_grad_logprobs
 from rloo.training.trainer import RLOOTrainer
 from tests.helpers.models import config as config_of
@@ -87,7 +89,7 @@ def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path,
     rows: list[int] = []
     plan = passes_module.plan_passes
 
-    def spy(all_rows: torch.Tensor, lengths: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
+    def spy(all_rows: Any, lengths: Any, max_rows: int) -> list[list[int]]:
         rows.append(max_rows)
         return plan(all_rows, lengths, max_rows)
 
@@ -95,9 +97,7 @@ def test_splitting_passes_by_logits_memory_gives_the_same_update(tmp_path: Path,
     # the chunked head: whole passes, the LM head one token at a time
     assert_same_gradients(step_gradients(tmp_path / "chunks", max_logits_memory_mb=1e-6, **common), big)
     assert rows and min(rows) > 1
-    monkeypatch.setattr(
-        passes_module, "head_is_exact", lambda model, ids, autocast: False
-    )  # the plain path: one row per pass
+    monkeypatch.setattr(passes_module, "head_is_exact", lambda *args: False)  # the plain path: one row per pass
     rows.clear()
     assert_same_gradients(step_gradients(tmp_path / "small", max_logits_memory_mb=1e-6, **common), big)
     assert rows and max(rows) == 1
@@ -176,3 +176,16 @@ def test_bf16_autocast_runs_as_many_forwards_as_float32(tmp_path: Path, fresh_ac
     # the head probe compared float32 with bf16 logits under bf16, failed, and planned one-row passes:
     # 8 reference passes and 8 training passes instead of 1 and 1
     assert forwards_of_one_step(tmp_path, bf16=True) == forwards_of_one_step(tmp_path, bf16=False)
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["shared-prompts", "packed"])
+def test_a_no_grad_pass_reads_the_host_a_few_times(tmp_path: Path, padding_free: bool) -> None:
+    # lengths read once per batch and once per pass, handed down; the packed layout's bins gathered with
+    # indices built on the host (39 host syncs per packed pass before, one or more per row)
+    t = trainer(tmp_path, beta=0.05, max_completion_length=16, padding_free=padding_free)
+    rollout = next_train_batch(t).rollout
+    assert rollout.completion_mask.sum(dim=1).unique().numel() > 2  # varied lengths
+    with OpCounts() as counts:
+        no_grad_logprobs(t.unwrapped_model, rollout, 1.0, max_rows=4, padding_free=padding_free)
+    passes = -(-rollout.completion_ids.shape[0] // 4)
+    assert counts.total_syncs <= 1 + 9 * passes, dict(counts.syncs)
