@@ -37,6 +37,7 @@ from rloo.config.legacy import check_trainer_arguments
 from rloo.data.loading import load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
+from rloo.generation.attention_backend import sdpa_priority
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
 from rloo.rewards.resolve import processing_classes
 from rloo.tools.agent import AgentSettings, run_rewards
@@ -237,7 +238,8 @@ class RLOOTrainer(CallbackMethods):
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         start, first_step = time.perf_counter(), self.state.global_step
         try:
-            with self._stop, self.progress:
+            # on a GPU, SDPA tries flash and efficient attention before cuDNN (rloo.generation.attention_backend)
+            with self._stop, self.progress, sdpa_priority(self.accelerator.device):
                 while self.state.global_step < self.state.max_steps and not self._stopping(self._stop.requested):
                     self._train_on_next_batch()
             signum = next((s for s in ranks.gather_objects(self._stop.signum) if s is not None), None)

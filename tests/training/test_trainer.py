@@ -487,3 +487,22 @@ def test_trl_trainer_arguments_rloo_cannot_honour_are_refused_saying_why(
     with pytest.raises(ValueError, match=message):
         RLOOTrainer(make_model(tok), frac7, config(tmp_path), dataset(), processing_class=tok, **keywords)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_training_loop_holds_the_sdpa_priority_of_its_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+
+    import rloo.training.trainer as trainer_module
+
+    entered: list[torch.device] = []
+
+    def priority(device: torch.device) -> Any:
+        entered.append(device)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(trainer_module, "sdpa_priority", priority)
+    t = trainer(tmp_path, max_steps=1)
+    t.train()
+    assert entered == [t.accelerator.device]
