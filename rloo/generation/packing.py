@@ -26,7 +26,7 @@ Which layout a pass takes (:func:`choose_layout`) is a FLOPs comparison, per pas
   (flash-attention's variable-length kernels, flex attention).
 
 A forward costs ``2 x P`` FLOPs per token (P: the non-embedding weights a token multiplies; the LM head is
-applied to the same completion tokens in every layout and is left out), ``4 x layers x heads x head_dim``
+applied to the same completion tokens in every layout and is left out), ``4 x heads x head_dim`` summed over layers
 per (query, key) pair, and a fixed cost per forward of some tokens' worth, measured on a GPU
 (:mod:`rloo.generation.forward_overhead`: ~10^4 token-rows there, a few dozen on a CPU). The same cost
 model gives the least FLOPs any layout could reach (:func:`minimum_flops`: every prompt once, no
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.generation.forward_overhead import forward_overhead
+from rloo.generation.layers import per_layer, text_config
 from rloo.generation.lm_head import (
     ChunkScore,
     HeadInputs,
@@ -63,7 +64,7 @@ VARLEN_ATTENTION = ("flash", "flex")
 @dataclass(frozen=True)
 class ForwardCost:
     """FLOPs of a forward: ``per_token`` (``2 x`` non-embedding weights), ``per_pair`` (one query
-    attending one key: ``4 x layers x heads x head_dim``), ``per_forward`` (a fixed cost), and whether
+    attending one key: ``4 x sum over layers of heads x head_dim``), ``per_forward`` (a fixed cost), and whether
     packed attention costs only each row's own pairs (``varlen``)."""
 
     per_token: float
@@ -80,20 +81,22 @@ def forward_cost(model: nn.Module) -> ForwardCost:
 
 
 def _forward_cost(model: nn.Module) -> ForwardCost:
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config
+    config = text_config(model)
     tables = [getattr(model, name, lambda: None)() for name in ("get_input_embeddings", "get_output_embeddings")]
     skip = {id(p) for table in tables if isinstance(table, nn.Module) for p in table.parameters()}
     weights = sum(p.numel() for p in model.parameters() if id(p) not in skip)
-    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
-    heads = int(getattr(config, "num_attention_heads", 1) or 1)
-    head_dim = int(getattr(config, "head_dim", None) or (hidden // heads if hidden else 64))
+    heads = per_layer(config, "num_attention_heads", 1)
+    # per layer: Gemma 4's full-attention layers have a larger head_dim than its sliding ones
+    head_dims = per_layer(config, "head_dim", None)
+    query_dims = sum(
+        int(h) * int(d or (hidden // int(h) if hidden else 64)) for h, d in zip(heads, head_dims, strict=True)
+    )
     implementation = str(getattr(config, "_attn_implementation", None) or "")
     per_token = 2.0 * weights
     return ForwardCost(
         per_token=per_token,
-        per_pair=4.0 * layers * heads * head_dim,
+        per_pair=4.0 * query_dims,
         per_forward=forward_overhead(model) * per_token,  # measured on a GPU, a CPU constant elsewhere
         varlen=any(name in implementation for name in VARLEN_ATTENTION),
     )

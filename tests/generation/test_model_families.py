@@ -48,6 +48,8 @@ MAMBA_CHUNKED = {**MAMBA, "mamba_expand": 2, "mamba_chunk_size": 16}
 LINEAR_LAYERS = ["linear_attention", "full_attention"]
 GATED_DELTA = {"head_dim": 8, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8}
 GATED_DELTA_HEADS = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "layer_types": LINEAR_LAYERS}
+GEMMA4 = {**GQA, "num_hidden_layers": 4, "head_dim": 8, "global_head_dim": 16, "sliding_window": 4}
+GEMMA4 |= {"layer_types": ["sliding_attention", "full_attention"] * 2, "hidden_size_per_layer_input": 8}
 SSM = {"hidden_size": 32, "num_hidden_layers": 2, "state_size": 8, "expand": 2, "conv_kernel": 4}
 
 # family -> (model class, config class, config fields); every model has 2 layers and hidden size 32
@@ -64,6 +66,10 @@ CLASSIC: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {**GQA, "head_dim": 8, "sliding_window": 4}),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", {**GQA, "head_dim": 8, "sliding_window": 4}),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", GQA),
+    # Gemma 4: a per-layer config (its full-attention layers take global_head_dim), per-layer token inputs
+    "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig", GEMMA4),
+    # the last layer reads the keys and values of an earlier one of its type (KV-shared layers)
+    "gemma4_kv_shared": ("Gemma4ForCausalLM", "Gemma4TextConfig", {**GEMMA4, "num_kv_shared_layers": 2}),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", {"n_embd": 32, "n_layer": 2, "n_head": 4}),
     "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", ATTENTION),
     "opt": ("OPTForCausalLM", "OPTConfig", {**ATTENTION, "ffn_dim": 64, "word_embed_proj_dim": 32}),

@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rloo.generation.layers import per_layer
+
 GiB = 2**30
 MiB = 2**20
 # the CUDA context, cuBLAS workspaces and the caching allocator's slack, outside max_memory_allocated
@@ -83,8 +85,12 @@ class ModelShape:
         from transformers import AutoModelForCausalLM
 
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = int(text.num_attention_heads)
+        heads = int(per_layer(text, "num_attention_heads", 1)[0])
         hidden = int(text.hidden_size)
+        head_dims = [int(d or hidden // heads) for d in per_layer(text, "head_dim")]
+        kv_heads = [int(h or heads) for h in per_layer(text, "num_key_value_heads")]
+        head_dim = round(sum(head_dims) / len(head_dims))
+        kv_dims = sum(h * d for h, d in zip(kv_heads, head_dims, strict=True)) / len(head_dims)
         notes = []
         if getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None):
             notes.append("a mixture-of-experts model: activations planned as one dense MLP per token")
@@ -102,8 +108,9 @@ class ModelShape:
             intermediate_size=int(intermediate),
             num_layers=int(text.num_hidden_layers),
             num_heads=heads,
-            num_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+            # a heterogeneous config (Gemma 4) holds these per layer: their mean keeps the totals
+            num_kv_heads=round(kv_dims / head_dim),
+            head_dim=head_dim,
             parameters=sum(p.numel() for p in model.parameters()),
             linears=linears,
             notes=tuple(notes),

@@ -295,3 +295,24 @@ def test_predicted_step_peak_is_within_15_percent_of_the_measured_one() -> None:
     assert measured.peak == pytest.approx(plan.peak.total, rel=0.15), (plan.peak.total, measured.phases)
     for name in ("sampling", "log-probs"):  # each measured phase, not only the largest
         assert measured.phases[name] == pytest.approx(plan.phase(name).total, rel=0.15), name
+
+
+def test_a_config_with_per_layer_head_sizes_is_planned_by_its_layers_mean() -> None:
+    # Gemma 4 keeps head_dim per layer (its full-attention layers' is larger): reading it off the config raises
+    from transformers import Gemma4TextConfig
+
+    config = Gemma4TextConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=16,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        hidden_size_per_layer_input=8,
+    )
+    shape = ModelShape.from_config(config)
+    # head sizes 8, 16, 8, 16 (mean 12); keys per token 2 x (8 + 16 + 8 + 16) / 4 = 24 = 2 heads x 12
+    assert (shape.head_dim, shape.num_kv_heads, shape.num_heads) == (12, 2, 4)
