@@ -21,6 +21,7 @@ from torch import nn
 from rloo.data.images import encode_image_prompts, image_column, is_processor, row_images
 from rloo.data.prompts import TokenizedPrompts, encode_prompts, is_conversational, repeat_per_completion
 from rloo.generation.device import model_device
+from rloo.generation.graph_decode import rollout_sampler
 from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
@@ -70,6 +71,7 @@ class RolloutSettings:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=False
     pad_to_multiple_of: int | None = None  # token tensors padded to a multiple of it (masked)
     compact_at: float | None = None  # sampler_compaction: finished rows leave the decode batch
+    static_decode: bool | None = None  # sampler_cuda_graphs: the static-shape step (rloo.generation.graph_decode)
     # another sampler with generate_rollouts' contract (use_vllm: rloo.generation.vllm_sampler), or None
     engine: Any = None
     agent: AgentSettings | None = None  # multi-turn episodes with tools (rloo.tools), or None: one turn
@@ -96,6 +98,7 @@ class RolloutSettings:
             chat_template_kwargs=dict(args.chat_template_kwargs or {}),
             pad_to_multiple_of=args.pad_to_multiple_of,
             compact_at=args.sampler_compaction,
+            static_decode=args.sampler_cuda_graphs,
             engine=_engine(args),
             agent=agent,
             custom=custom,
@@ -310,7 +313,7 @@ def sample_batch(
         tokenized, vision = agent.encode_episodes(inputs, tokenizer, settings.max_prompt_length, base), None
     else:
         tokenized, vision = encode_batch(processing_class, prompts, columns, settings)
-    sample = settings.engine or generate_rollouts
+    sample = settings.engine or rollout_sampler(settings.static_decode, generate_rollouts)
     common = {
         "params": settings.sampling,
         "eos_token_ids": eos,

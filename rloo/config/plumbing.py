@@ -65,6 +65,17 @@ class PlumbingFields:
         "off, or across process counts; to compare such runs, set it to null (None = off). In (0, 1].",
         trl=None,
     )
+    sampler_cuda_graphs: bool | None = option(
+        None,
+        "rloo's sampler decodes with a static-shape step launched as one CUDA graph per batch-size bucket "
+        "(rloo.generation.graph_decode), and under bf16 mixed precision samples through a bf16 copy of the policy, "
+        "refreshed from it before every rollout (memory: the weights in bf16 once more, and the static cache, both "
+        "kept between rollouts). None (default): on a GPU for the rollouts it supports (Llama, Mistral, Qwen2, "
+        "Qwen3 with full attention; per-completion seeds or greedy; no stop strings, images or FSDP), the eager "
+        "loop elsewhere and on a CPU; True: on a CPU too, where the same step runs eagerly; False: always the eager "
+        "loop. The same distribution as the eager loop, not bit-comparable with it.",
+        trl=None,
+    )
     push_to_hub: bool = option(
         False,
         "At the end of training, upload the final model with a model card to hub_model_id (or trainer.push_to_hub()); "

@@ -351,6 +351,12 @@ def _check_trl_inputs(config: RLOOConfig) -> None:
         )
     if config.sampler_compaction is not None and not 0 < config.sampler_compaction <= 1:
         raise fail("sampler_compaction", config.sampler_compaction, "must be in (0, 1] (e.g. 0.25), or None for off")
+    if config.sampler_cuda_graphs and config.use_vllm:
+        raise fail(
+            "sampler_cuda_graphs",
+            config.sampler_cuda_graphs,
+            "applies to rloo's own sampler, and with use_vllm=True vLLM samples (with graphs of its own); drop one",
+        )
     if config.pad_to_multiple_of is not None and config.pad_to_multiple_of < 1:
         raise fail("pad_to_multiple_of", config.pad_to_multiple_of, "must be >= 1, or None for no extra padding")
     if config.per_device_eval_batch_size is not None and config.per_device_eval_batch_size < 1:

@@ -124,6 +124,7 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"optim": "lion"}, "optim", "lion", "choose one of ['adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd'"),
     ({"optim": "sgd", "optim_args": "momentum"}, "optim_args", "momentum", "is not key=value"),
     ({"sampler_compaction": 0.0}, "sampler_compaction", 0.0, "must be in (0, 1]"),
+    ({"sampler_cuda_graphs": True, "use_vllm": True}, "sampler_cuda_graphs", True, "with use_vllm=True vLLM samples"),
     ({"fp16": True, "bf16": True}, "fp16", True, "fp16 and bf16 are both True; choose one"),
     ({"max_steps": 0}, "max_steps", 0, "or -1 to train for num_train_epochs"),
     ({"max_steps": -2}, "max_steps", -2, "or -1 to train for num_train_epochs"),

@@ -15,14 +15,17 @@ import torch
 import transformers
 
 import rloo.generation.graph_decode as graph_decode
+from rloo import RLOOConfig
 from rloo.generation.graph_decode import SamplingCopy, rollout_sampler, static_rollout, unsupported_reason
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.static_decode import StaticDecoder
 from rloo.generation.stopping import StopStrings
 from rloo.op_counts import OpCounts
+from rloo.pipeline import RolloutSettings, generate_and_score
+from rloo.rewards.calling import RewardFunctions
 from rloo.tiny import build_char_tokenizer
-from tests.helpers.models import peaked_tiny_llama
+from tests.helpers.models import always_one, peaked_tiny_llama, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -192,6 +195,47 @@ def test_what_the_static_step_cannot_take_samples_with_the_eager_loop(
     eager = rollout(generate_rollouts)
     assert fallback.completion_ids.tolist() == eager.completion_ids.tolist()
     assert torch.equal(fallback.sampling_logprobs, eager.sampling_logprobs)
+
+
+def test_the_static_step_is_off_on_a_cpu_by_default_and_the_setting_reaches_the_sampler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    config = RLOOConfig(output_dir=str(tmp_path / "run"))
+    assert config.sampler_cuda_graphs is None and RolloutSettings.from_config(config).static_decode is None
+    off = RLOOConfig(output_dir=str(tmp_path / "off"), sampler_cuda_graphs=False)
+    assert RolloutSettings.from_config(off).static_decode is False
+    assert rollout_sampler(False) is generate_rollouts
+    calls: list[bool] = []
+    static = graph_decode.static_rollout
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(True)
+        return static(*args, **kwargs)
+
+    monkeypatch.setattr(graph_decode, "static_rollout", spy)
+    model, rewards = peaked("llama"), RewardFunctions([always_one])
+    for setting in (None, True):
+        settings = RolloutSettings(2, 6, SamplingParams(temperature=0.0), static_decode=setting)
+        generate_and_score(model, TOKENIZER, TEXTS[:2], {}, rewards, settings, sampling_seed=0)
+    assert calls == [True], "None: the eager loop on a CPU; True: the static step"
+
+
+def test_a_training_run_asked_for_it_samples_with_the_static_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rollouts: list[Rollout] = []
+    static = graph_decode.static_rollout
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        rollout = static(*args, **kwargs)
+        assert rollout is not None
+        rollouts.append(rollout)
+        return rollout
+
+    monkeypatch.setattr(graph_decode, "static_rollout", spy)
+    run = trainer(tmp_path, max_steps=2, max_completion_length=12, sampler_cuda_graphs=True)
+    run.train()
+    assert len(rollouts) == 2 and run.state.global_step == 2
 
 
 def test_under_bf16_autocast_the_policy_samples_through_a_bf16_copy_that_follows_its_weights(
