@@ -147,7 +147,11 @@ class _Sampling:
             self.decoder = None  # the old buffers and graphs are freed before the new ones are allocated
             decoder = StaticDecoder(spec)
             if spec.device.type == "cuda":
-                decoder.capture(model)
+                try:
+                    decoder.capture(model)
+                except RuntimeError as error:  # a kernel or a host read that cannot be captured: the same step, eager
+                    decoder.graphs.clear()
+                    warnings.warn(f"sampler_cuda_graphs: the decode step runs eagerly ({error})", stacklevel=2)
             self.decoder = decoder
         return self.decoder
 

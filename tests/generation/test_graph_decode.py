@@ -278,16 +278,25 @@ def test_graph_replay_equals_the_static_step_run_eagerly_bit_for_bit(
     precision: str, compactions: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = peaked("qwen2").cuda()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
-    with autocast:
-        replayed = sample(static_rollout, model, max_new_tokens=40)
+
+    def rollout(sampler: Any) -> Rollout:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
+            return sample(sampler, model, max_new_tokens=40)
+
+    replayed = rollout(static_rollout)
     decoder = graph_decode._SAMPLING[model].decoder
     assert decoder is not None and set(decoder.graphs) == set(decoder.spec.buckets)
     assert compactions, "the replay moved to smaller buckets"
+
+    def refused(decoder: StaticDecoder, model: Any) -> None:
+        raise RuntimeError("not captured")
+
     graph_decode._SAMPLING.pop(model)
-    monkeypatch.setattr(StaticDecoder, "capture", lambda self, model: None)
-    with autocast:
-        eager = sample(static_rollout, model, max_new_tokens=40)
+    monkeypatch.setattr(StaticDecoder, "capture", refused)
+    with pytest.warns(UserWarning, match=r"the decode step runs eagerly \(not captured\)"):
+        eager = rollout(static_rollout)
     assert torch.equal(replayed.completion_ids, eager.completion_ids)
     assert torch.equal(replayed.completion_mask, eager.completion_mask)
     assert torch.equal(replayed.sampling_logprobs, eager.sampling_logprobs)
+    if precision == "fp32":  # the eager loop itself, within rounding
+        assert_same_rollout(replayed, rollout(generate_rollouts))
