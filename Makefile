@@ -94,7 +94,8 @@ test-newest:
 test-oldest:
 	$(PYTHON) tools/check_dependencies.py oldest
 
-# Record .venv's versions as the tested ones, after `make test` passed on them.
+# Record .venv's versions as the tested ones, after `make test` passed on them (torch and triton, which
+# CUDA torch pins, are left to the machine).
 lock: $(STAMP)
-	{ sed -n '1,3p' requirements/tested.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^torch=='; } \
+	{ sed -n '1,3p' requirements/tested.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v -E '^(torch|triton)=='; } \
 		> requirements/tested.txt.new && mv requirements/tested.txt.new requirements/tested.txt

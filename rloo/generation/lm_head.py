@@ -33,6 +33,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from rloo.generation.fused_head import fused_head_logprobs
+
 # a mixed-precision context (accelerate's ``autocast``), or ``contextlib.nullcontext``
 Autocast = Callable[[], AbstractContextManager[Any]]
 # log-prob passes whose model's head did not pass the check: the plain path from then on
@@ -193,11 +195,16 @@ def chunked_head_logprobs(
 
     ``score(logits (1, n, V), ids (1, n))`` turns one chunk's logits into its ``(1, n)`` log-probs and
     entropies (or None). With gradient enabled each chunk is checkpointed (logits recomputed in backward).
-    ``chunk_elements``: logits per chunk (None: :data:`CHUNK_ELEMENTS`).
+    ``chunk_elements``: logits per chunk (None: :data:`CHUNK_ELEMENTS`). Where
+    :func:`rloo.generation.fused_head.head_kernel` picks the fused head (CUDA with Triton, or
+    ``RLOO_LM_HEAD_KERNEL=fused``), it computes the same from ``hidden`` with no float32 logits chunk.
     """
     softcap = _softcap(model)
     real = mask.bool()
     flat_hidden, flat_ids = hidden[real], token_ids[real]
+    fused = fused_head_logprobs(head, flat_hidden, flat_ids, score, softcap)  # the head kernel of this device
+    if fused is not None:
+        return _scatter([fused[0]], real), None if fused[1] is None else _scatter([fused[1]], real)
 
     def chunk(h: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         return score(head_logits(head, h.unsqueeze(0), softcap), ids.unsqueeze(0))

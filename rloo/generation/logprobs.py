@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.stats import softmax_entropy
+from rloo.generation.fused_head import HeadScoring
 from rloo.generation.lm_head import chunked_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
 from rloo.generation.packing import RowLengths, choose_layout, forward_cost, packed_logprobs, packs_rows
@@ -70,6 +71,15 @@ def token_logprobs_and_entropy(
             with torch.no_grad():
                 entropies.append(softmax_entropy(z.detach()))
     return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
+
+
+@dataclass(frozen=True)
+class TokenScore(HeadScoring):
+    """A pass's chunk score: :func:`token_logprobs_and_entropy` of a chunk's logits at these settings,
+    which the fused head (:mod:`rloo.generation.fused_head`) reads to compute the same from the head's inputs."""
+
+    def __call__(self, logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        return token_logprobs_and_entropy(logits, ids, self.temperature, self.with_entropy, self.entropy_requires_grad)
 
 
 def _laid_out_logprobs(
@@ -162,9 +172,7 @@ def completion_logprobs(
             **({} if vision is None else vision.model_inputs(tc)),
         )
 
-    def score(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        return token_logprobs_and_entropy(logits, ids, temperature, with_entropy, entropy_requires_grad)
-
+    score = TokenScore(temperature, with_entropy, entropy_requires_grad)
     chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
     if chunked_head and (share_prompts or padding_free) and vision is None and not with_aux_loss:
         rows = (prompt_ids, prompt_mask, completion_ids, completion_mask)
