@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -86,3 +87,23 @@ def test_the_offload_benchmark_runs_each_case_with_the_same_options(tmp_path: Pa
     assert {k: v for k, v in vars(again).items() if k not in ("case", "out", "timeout")} == {
         k: v for k, v in vars(asked).items() if k not in ("case", "out", "timeout")
     }
+
+
+def test_the_lm_head_benchmark_runs_every_case_quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/lm_head_kernels.py --quick``: the chunked head and the fused head's torch fold at two
+    vocabulary tiles, with and without gradient, each agreeing with the chunked head; the head-kernel
+    variable put back."""
+    from lm_head_kernels import main
+
+    monkeypatch.setenv("RLOO_LM_HEAD_KERNEL", "fused")
+    report = main(["--quick"])
+    rows = report["results"]
+    assert [(r["mode"], r["kernel"], r["vocab_tile"]) for r in rows] == [
+        (mode, kernel, tile)
+        for mode in ("logprobs", "train")
+        for kernel, tile in [("chunked", None), ("fused", 256), ("fused", 1000)]
+    ]
+    assert all("error" not in r and "ms" in r for r in rows)
+    assert all(r["max_differences"]["logprobs"] < 1e-3 and r["max_differences"]["entropy"] < 1e-3 for r in rows)
+    assert all(r["max_differences"]["weight"] < 0.02 for r in rows if r["mode"] == "train")  # bf16 autocast
+    assert os.environ["RLOO_LM_HEAD_KERNEL"] == "fused"
