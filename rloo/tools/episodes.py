@@ -137,7 +137,7 @@ def run_episodes(
             episode.tool_calls += len(answered)
             episode.tool_failures += sum(answer.failed for answer in answered)
             messages = [answer.message for answer in answered]
-            suffix = tool_suffix_ids(tokenizer, messages, chat_template_kwargs)
+            suffix = tool_suffix_ids(tokenizer, messages, chat_template_kwargs, eos)
             if len(rows[i].tokens) + len(suffix) >= limits.max_tokens:  # no room left for a model token
                 rows[i].truncated, episode.cut = True, "max_completion_length"
                 continue

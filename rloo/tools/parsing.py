@@ -14,16 +14,20 @@ calls). A block that is not such a JSON object is not a call: it is counted (``m
 stays in the content (TRL parses it as plain text too).
 
 Answers: the tool messages are rendered by the chat template and inserted as tokens after the model's turn
-(its sampled tokens are never re-tokenized). Their tokens are the template's rendering of
-``[user, assistant with the calls, *tool messages]`` with a generation prompt, after its rendering of
-``[user, assistant with the calls]`` cut after the last EOS (TRL's ``_get_tool_suffix_ids``): the tool
-messages and the next assistant header, which the model must not be trained on.
+(its sampled tokens are never re-tokenized). Their tokens are what the template renders after the assistant
+turn in ``[user, assistant with the calls, *tool messages]`` with a generation prompt: the tool messages and
+the next assistant header, which the model must not be trained on. The assistant turn's end is found by
+counting the run's stop tokens (the turn ends at the first after those of ``[user]``'s rendering), not by
+comparing with a rendering without the tool messages (TRL's ``_get_tool_suffix_ids``): thinking models'
+templates (Qwen3, Qwen3.5, Nemotron 3) render the last assistant turn differently once tool messages follow
+it, so that comparison fails for them, and TRL swaps in a patched template instead.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,29 +116,37 @@ def _parse_with_template(tokenizer: Any, ids: list[int], prefix: list[int], tool
 
 
 def tool_suffix_ids(
-    tokenizer: Any, tool_messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None = None
+    tokenizer: Any,
+    tool_messages: list[dict[str, Any]],
+    chat_template_kwargs: dict[str, Any] | None = None,
+    turn_ends: Iterable[int] | None = None,
 ) -> list[int]:
-    """The tokens that follow a model turn ending in EOS: ``tool_messages`` and the next assistant header,
-    as the chat template renders them (see the module docstring). Raises ``ValueError`` naming the template
-    when its rendering of the shorter conversation is not a prefix of the longer one."""
+    """The tokens that follow a model turn ending in one of ``turn_ends`` (the run's stop token ids; None:
+    the tokenizer's EOS): ``tool_messages`` and the next assistant header, as the chat template renders them
+    after a minimal conversation (see the module docstring). Raises ``ValueError`` when the rendering holds no
+    turn end after the assistant's header (the stop tokens are not the ones the template closes a turn with)."""
     kwargs = dict(chat_template_kwargs or {})
+    ends = set(turn_ends) if turn_ends is not None else {tokenizer.eos_token_id}
     calls = [{"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}}} for m in tool_messages]
-    head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
-    before = _ids(tokenizer.apply_chat_template(head, tokenize=True, add_generation_prompt=False, **kwargs))
+    user = [{"role": "user", "content": "x"}]
+    head = [*user, {"role": "assistant", "content": "", "tool_calls": calls}]
+    prompt = _ids(tokenizer.apply_chat_template(user, tokenize=True, add_generation_prompt=True, **kwargs))
     after = _ids(
         tokenizer.apply_chat_template(head + tool_messages, tokenize=True, add_generation_prompt=True, **kwargs)
     )
-    eos = tokenizer.eos_token_id
-    ends = [i for i, token in enumerate(before) if token == eos]
-    if ends:
-        before = before[: ends[-1] + 1]
-    if after[: len(before)] != before:
+    # the assistant's turn ends at the first turn end after those of the prompt: count, do not compare, so a
+    # template that renders the last assistant turn differently once tool messages follow it (Qwen3 and other
+    # thinking models drop or add a reasoning block) still gives the tool turn's own tokens
+    before_turn = sum(token in ends for token in prompt)
+    found = [i for i, token in enumerate(after) if token in ends]
+    if len(found) <= before_turn:
+        names = sorted(tokenizer.convert_ids_to_tokens(sorted(ends)))
         raise ValueError(
-            "the chat template renders a conversation with tool messages differently from the same conversation "
-            "without them, up to the assistant's EOS, so tool results cannot be appended as tokens; use a chat "
-            "template that appends each message (Qwen2.5/Qwen3-style), or a rollout_func"
+            f"the chat template closes no assistant turn with the run's stop tokens {names} before the tool "
+            "messages, so tool results cannot be appended as tokens; stop generation at the token the template "
+            "ends a turn with (generation_config.eos_token_id), or use a rollout_func"
         )
-    return after[len(before) :]
+    return after[found[before_turn] + 1 :]
 
 
 def _ids(rendered: Any) -> list[int]:

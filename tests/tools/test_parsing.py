@@ -363,8 +363,19 @@ def test_prompt_turn_and_suffix_ids_are_the_template_s_rendering_of_the_whole_co
     assert parse_hermes(turn).message == assistant
 
 
-def test_a_template_that_is_not_prefix_preserving_is_refused_naming_the_chat_template() -> None:
+def test_a_template_that_is_not_prefix_preserving_gives_the_tool_turns_own_tokens(
+    tok: PreTrainedTokenizerFast,
+) -> None:
+    # rendering the message count first changes the conversation's start once tool messages are added: the
+    # suffix was refused (the shorter rendering compared as a prefix), it is found by counting turn ends now
     counting = build_char_tokenizer(TOOL_CHARS)
-    counting.chat_template = "{{ messages | length }}" + TOOL_CHAT_TEMPLATE  # renders the message count first
-    with pytest.raises(ValueError, match="chat template"):
-        tool_suffix_ids(counting, [tool_message("multiply", "12")])
+    counting.chat_template = "{{ messages | length }}" + TOOL_CHAT_TEMPLATE
+    messages = [tool_message("multiply", "12")]
+    assert (
+        tool_suffix_ids(counting, messages) == tool_suffix_ids(tok, messages) == encode(tok, "\n<tool>12\n<assistant>")
+    )
+
+
+def test_stop_tokens_the_template_never_ends_a_turn_with_are_refused_naming_them(tok: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(ValueError, match=r"stop tokens \['<unk>'\].*generation_config.eos_token_id"):
+        tool_suffix_ids(tok, [tool_message("multiply", "12")], turn_ends=[tok.unk_token_id])
