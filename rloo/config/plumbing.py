@@ -70,10 +70,11 @@ class PlumbingFields:
         "rloo's sampler decodes with a static-shape step launched as one CUDA graph per batch-size bucket "
         "(rloo.generation.graph_decode), and under bf16 mixed precision samples through a bf16 copy of the policy, "
         "refreshed from it before every rollout (memory: the weights in bf16 once more, and the static cache, both "
-        "kept between rollouts). None (default): on a GPU for the rollouts it supports (Llama, Mistral, Qwen2, "
-        "Qwen3 with full attention; per-completion seeds or greedy; no stop strings, images or FSDP), the eager "
-        "loop elsewhere and on a CPU; True: on a CPU too, where the same step runs eagerly; False: always the eager "
-        "loop. The same distribution as the eager loop, not bit-comparable with it.",
+        "kept between rollouts). True: for the rollouts it supports (Llama, Mistral, Qwen2, Qwen3 with full "
+        "attention; per-completion seeds or greedy; no stop strings, images or FSDP), the eager loop for the rest; "
+        "on a CPU the same step runs eagerly. None (default): rloo's choice, the eager loop until a GPU run has "
+        "checked the captured step against it (not yet: BENCHMARKS.md); False: always the eager loop. The same "
+        "distribution as the eager loop, not bit-comparable with it.",
         trl=None,
     )
     push_to_hub: bool = option(

@@ -306,22 +306,24 @@ def fused_logprobs(
 def head_kernel(head: nn.Module, device: torch.device, softcap: float | None) -> str:
     """Which kernel turns ``head``'s inputs on ``device`` into log-probs: ``"chunked"`` or ``"fused"``.
 
-    ``RLOO_LM_HEAD_KERNEL`` where set; else ``"fused"`` on CUDA where Triton imports, ``"chunked"``
-    elsewhere (on a CPU the fused head's torch fold is a reference, not a fast path). A soft-capped head,
+    ``RLOO_LM_HEAD_KERNEL`` where set; else ``"chunked"``: the fused head becomes the default on CUDA (where
+    Triton imports) once a GPU run has compiled it and measured it faster than the chunked head
+    (``benchmarks/lm_head_kernels.py``; not yet). On a CPU its torch fold is a reference, not a fast path.
+    A soft-capped head,
     or one that is not a plain ``nn.Linear`` on ``device`` (LoRA on the head, a quantized or offloaded
     head), always takes ``"chunked"``."""
     asked = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if asked and asked not in KERNELS:
         raise ValueError(
             f"{KERNEL_VARIABLE}={asked!r}: expected one of {list(KERNELS)}, or unset it "
-            "(fused on CUDA where Triton imports, chunked elsewhere)"
+            "(the chunked head)"
         )
     weight = getattr(head, "weight", None)
     if softcap is not None or type(head) is not nn.Linear or weight is None or weight.device != device:
         return "chunked"
-    if asked:
-        return asked
-    return "fused" if device.type == "cuda" and triton_kernels() is not None else "chunked"
+    if asked == "fused" and device.type == "cuda" and triton_kernels() is None:
+        raise ValueError(f"{KERNEL_VARIABLE}=fused needs Triton on this CUDA machine: pip install triton")
+    return asked or "chunked"
 
 
 def fused_head_logprobs(

@@ -281,10 +281,10 @@ def sample_rollouts(
     **kwargs: Any,
 ) -> Rollout:
     """:func:`rloo.generation.rollout.generate_rollouts`' contract, with the static step where ``static``
-    (``sampler_cuda_graphs``) asks for it and :func:`unsupported_reason` finds nothing: None on a GPU,
-    True anywhere (on a CPU it runs eagerly); ``eager``, the eager loop, otherwise. True on a rollout
-    it cannot take warns once per reason."""
-    if static is False or (static is None and model_device(model).type != "cuda"):
+    (``sampler_cuda_graphs`` True, anywhere: on a CPU it runs eagerly) and :func:`unsupported_reason`
+    finds nothing; ``eager``, the eager loop, otherwise. None (rloo's choice) is the eager loop until a GPU
+    run has checked the captured step against it. True on a rollout it cannot take warns once per reason."""
+    if not static:
         return eager(model, prompt_ids, group_ids, **kwargs)
     reason = unsupported_reason(
         model, kwargs["params"], kwargs.get("sampling_seed"), kwargs.get("stop"), kwargs.get("vision")
