@@ -1,8 +1,9 @@
 """A model turn's tool calls, parsed from the tokens it sampled, and the tokens that answer them.
 
 Parsing: a tokenizer with a ``response_template`` (transformers' response parsing, which TRL sets for the
-chat templates it knows) is parsed by ``tokenizer.parse_response``; any other by rloo's parser of the
-Hermes format the Qwen2.5/Qwen3 templates (and many others) use::
+chat templates it knows) is parsed by ``tokenizer.parse_response``; any other by rloo's parser of the format
+its chat template renders calls in (:mod:`rloo.tools.formats`: Hermes, the Qwen3.5/Nemotron XML, GLM,
+Llama 3 JSON, Gemma 4, GPT-OSS harmony), Hermes where the template shows none of them::
 
     <tool_call>
     {"name": "multiply", "arguments": {"a": 3, "b": 4}}
@@ -25,18 +26,16 @@ it, so that comparison fails for them, and TRL swaps in a patched template inste
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+from rloo.tools.formats import HERMES, as_call, format_of
 
 
 @dataclass
 class ParsedTurn:
-    """One model turn: its assistant message (TRL's shape) and the ``<tool_call>`` blocks that did not parse."""
+    """One model turn: its assistant message (TRL's shape) and the call blocks that did not parse."""
 
     message: dict[str, Any]
     malformed: int = 0
@@ -44,48 +43,28 @@ class ParsedTurn:
 
 
 def parse_turn(tokenizer: Any, ids: list[int], prefix: list[int], tools: list[Any] | None = None) -> ParsedTurn:
-    """The assistant message of the turn ``ids`` (the tokens sampled after ``prefix``, the episode so far)."""
+    """The assistant message of the turn ``ids`` (the tokens sampled after ``prefix``, the episode so far), its
+    calls read in the format of the tokenizer's chat template (:func:`rloo.tools.formats.format_of`)."""
     if getattr(tokenizer, "response_template", None) is not None:
         return _parse_with_template(tokenizer, ids, prefix, tools)
-    return parse_hermes(tokenizer.decode(ids, skip_special_tokens=True))
+    call_format = format_of(getattr(tokenizer, "chat_template", None))
+    text = tokenizer.decode(ids, skip_special_tokens=not call_format.special_tokens)
+    if call_format.special_tokens and tokenizer.eos_token:
+        text = text.removesuffix(tokenizer.eos_token)
+    return _turn(*call_format.parse(text))
 
 
 def parse_hermes(text: str) -> ParsedTurn:
     """The Hermes-format tool calls of ``text`` (see the module docstring); the content is the text before
     the first call block (the whole text when no block parses)."""
-    calls, malformed = [], 0
-    for block in _HERMES_CALL.findall(text):
-        call = _as_call(block)
-        if call is None:
-            malformed += 1
-        else:
-            calls.append(call)
-    content = text[: text.index("<tool_call>")].strip() if calls else text
+    return _turn(*HERMES.parse(text))
+
+
+def _turn(calls: list[dict[str, Any]], malformed: int, content: str) -> ParsedTurn:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
     return ParsedTurn(message, malformed, calls)
-
-
-def _as_call(block: str) -> dict[str, Any] | None:
-    """``{"type": "function", "function": {"name", "arguments"}}`` from one block's JSON, or None."""
-    try:
-        value = json.loads(block)
-    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
-            return None
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        return None
-    return {"type": "function", "function": {"name": value["name"], "arguments": arguments}}
 
 
 def _parse_with_template(tokenizer: Any, ids: list[int], prefix: list[int], tools: list[Any] | None) -> ParsedTurn:
@@ -100,7 +79,7 @@ def _parse_with_template(tokenizer: Any, ids: list[int], prefix: list[int], tool
     calls, malformed = [], 0
     for raw in parsed.get("tool_calls") or []:
         function = raw.get("function", raw) if isinstance(raw, dict) else None
-        call = _as_call(json.dumps(function)) if isinstance(function, dict) else None
+        call = as_call(function.get("name"), function.get("arguments", {})) if isinstance(function, dict) else None
         if call is None:
             malformed += 1
         else:
