@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/async_overlap.py            # 3 settings x 1 run, about 3 minutes on 2 cores
     .venv/bin/python benchmarks/async_overlap.py --steps 6  # shorter
     .venv/bin/python benchmarks/async_overlap.py --case varied --only "synchronous;worker"  # bench_vs_trl's case
+    python3 benchmarks/async_overlap.py --only synchronous --no-cudnn-sdp --hidden 1024 --layers 8 --tokens 256
+        # on a GPU, cuDNN attention off: issue 38's bf16 repro (benchmarks/gpu_vs_trl.sh runs it both ways)
 
 The same run three ways, at equal completions (every setting trains the same number of generation batches of
 the same size; ``max_staleness`` 1 everywhere but the first, so the batches are sampled by the same versions):
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -120,6 +123,9 @@ def one_run(knobs: dict[str, int], threads: int, steps: int, out: Path, size: ar
         "staleness": sum(row.get("staleness", 0.0) for row in logged) / len(logged),
         "steps": [round(row["timing/step"], 3) for row in logged],
         "rollout_phases": [round(row["timing/rollout"], 3) for row in logged],
+        # completions' mean and longest length per step (the longest is the decode steps of a synchronous step)
+        "mean_lengths": [row.get("completions/mean_length") for row in logged],
+        "max_lengths": [row.get("completions/max_length") for row in logged],
     }
     phases = sorted({key for row in logged for key in row if key.startswith("timing/") and key != "timing/step"})
     result["phases"] = {key[7:]: round(sum(row.get(key, 0.0) for row in logged) / len(logged), 3) for key in phases}
@@ -142,7 +148,14 @@ def main() -> None:
         help="varied: bench_vs_trl.py's varied-length case (its 36M-parameter model arranged to end completions "
         "at varied lengths, 4 prompts x 8 of up to 128 tokens); --hidden/--layers/--tokens are then ignored",
     )
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here (after each setting)")
+    parser.add_argument("--merge", action="store_true", help="add to the results already in --out")
+    parser.add_argument(
+        "--no-cudnn-sdp",
+        action="store_true",
+        help="torch.backends.cuda.enable_cudnn_sdp(False): cuDNN attention off (issue 38's bf16 repro); the "
+        "settings' names get ', cuDNN SDPA off'",
+    )
     parser.add_argument(
         "--only",
         default=";".join(list(SETTINGS)[:4]),
@@ -152,7 +165,12 @@ def main() -> None:
     chosen = {name: SETTINGS[name] for name in options.only.split(";")}
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"{device}: Llama hidden {options.hidden}, {options.layers} layers, {options.tokens}-token completions")
-    results = {}
+    suffix = ""
+    if options.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        suffix = ", cuDNN SDPA off"
+    saved = json.loads(options.out.read_text()) if options.merge and options.out and options.out.exists() else {}
+    results = saved.get("results", {})
     with tempfile.TemporaryDirectory() as folder:
         options.model_dir = None
         if options.case == "varied":
@@ -160,10 +178,15 @@ def main() -> None:
             options.tokens = 128
             print(f"bench_vs_trl's varied case instead: {options.model_dir.name}, 4 prompts x 8 x 128 tokens")
         for i, (name, (knobs, threads)) in enumerate(chosen.items()):
-            results[name] = one_run(knobs, threads, options.steps, Path(folder) / str(i), options)
-            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in results[name].items()}
-            print(name, json.dumps(shown), flush=True)
-    base = results["synchronous"]["per_step"]
+            result = results[name + suffix] = one_run(knobs, threads, options.steps, Path(folder) / str(i), options)
+            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+            print(name + suffix, json.dumps(shown), flush=True)
+            if options.out is not None:  # after each setting: a run cut short keeps what it measured
+                written = {"device": device, "size": vars(options), "results": results}
+                partial = options.out.with_suffix(".partial")  # replaced whole: a kill never leaves half a file
+                partial.write_text(json.dumps(written, default=str))
+                os.replace(partial, options.out)
+    base = results.get("synchronous" + suffix, next(iter(results.values())))["per_step"]
     print("\n| setting | s / step | s / 1,000 completions | rollout phase s | rest of step s | vs synchronous |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
@@ -171,8 +194,6 @@ def main() -> None:
             f"| {name} | {r['per_step']:.2f} | {r['per_1000_completions']:.1f} | {r['rollout_phase']:.2f} "
             f"| {r['rest_of_step']:.2f} | {base / r['per_step']:.2f}x |"
         )
-    if options.out is not None:
-        options.out.write_text(json.dumps({"device": device, "size": vars(options), "results": results}, default=str))
 
 
 if __name__ == "__main__":

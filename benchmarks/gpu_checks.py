@@ -17,14 +17,15 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from memory_measure import measure_step
-from memory_plan import Case, predict
 from transformers import Qwen2Config
+
+if TYPE_CHECKING:
+    from memory_plan import Case
 
 MiB = 2**20
 
@@ -46,6 +47,8 @@ def qwen_shape(tiny: bool, **sizes: int) -> Qwen2Config:
 def kl_at_step_zero(device: str, tiny: bool) -> dict[str, Any]:
     """policy == reference at step 0 under bf16: the logged KL (both sides from the same no-grad passes)
     and, for comparison, the gap the sampler's decode log-probs would have put into it."""
+    from memory_measure import measure_step
+
     seen: dict[str, Any] = {}
 
     def instrument(trainer: Any) -> None:
@@ -89,6 +92,8 @@ def kl_at_step_zero(device: str, tiny: bool) -> dict[str, Any]:
 
 
 def gpu_cases(tiny: bool) -> list[Case]:
+    from memory_plan import Case  # imported here: gpu_vs_trl.py imports qwen_shape without any trainer
+
     model = qwen_shape(tiny)
     tc, tp = (64, 128) if tiny else (256, 512)
     base = {"num_generations": 8, "max_completion_length": tc, "bf16": True, "beta": 0.04}
@@ -116,6 +121,9 @@ def gpu_cases(tiny: bool) -> list[Case]:
 
 
 def main() -> None:
+    from memory_measure import measure_step
+    from memory_plan import predict
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)

@@ -21,9 +21,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rloo import RLOOConfig, RLOOTrainer
-from rloo.tiny import build_char_tokenizer
-
 PHASES = {"rollout": "sampling", "logprobs": "log-probs", "update": "training"}
 
 
@@ -128,6 +125,9 @@ def measure_step(
     runs before training (to wrap what a check reads)."""
 
     from transformers import AutoModelForCausalLM
+
+    from rloo import RLOOConfig, RLOOTrainer  # here: importing this module for prompt_rows stays light
+    from rloo.tiny import build_char_tokenizer
 
     config = dict(config)
     tokenizer = build_char_tokenizer(vocab_size=model_config.vocab_size)

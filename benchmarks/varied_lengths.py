@@ -54,20 +54,25 @@ def _head_statistics(model: Any, eos: int, input_ids: torch.Tensor) -> tuple[flo
     return float(seen["h"][..., 0].mean()), float(torch.logsumexp(logits, dim=-1).mean())
 
 
+def arrange_model(model: Any, eos: int, vocab_size: int, hazard: float, channel_value: float = 1.0) -> Any:
+    """Give ``model`` (in place, on its device) the constant EOS hazard of the module docstring; returns it."""
+    _constant_channel(model, channel_value)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[eos] = 0.0
+        generator = torch.Generator().manual_seed(0)
+        text = torch.randint(eos + 1, vocab_size, (4, 128), generator=generator).to(model.device)
+        h0, lse = _head_statistics(model, eos, text)
+        model.get_output_embeddings().weight[eos, 0] = (math.log(hazard / (1 - hazard)) + lse) / h0
+    return model
+
+
 def arrange(source: Path, target: Path, hazard: float, channel_value: float = 1.0) -> Path:
     """Save ``source``'s model and tokenizer to ``target`` with the constant EOS hazard (module docstring)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source).eval()
-    eos = tokenizer.eos_token_id
-    _constant_channel(model, channel_value)
-    with torch.no_grad():
-        model.get_output_embeddings().weight[eos] = 0.0
-        generator = torch.Generator().manual_seed(0)
-        text = torch.randint(eos + 1, len(tokenizer), (4, 128), generator=generator)
-        h0, lse = _head_statistics(model, eos, text)
-        model.get_output_embeddings().weight[eos, 0] = (math.log(hazard / (1 - hazard)) + lse) / h0
+    arrange_model(model, tokenizer.eos_token_id, len(tokenizer), hazard, channel_value)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target

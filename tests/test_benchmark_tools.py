@@ -1,11 +1,16 @@
-"""The rloo-vs-TRL benchmark's own pieces: its prompts, the varied-length policy, FLOP counts by hand."""
+"""The rloo-vs-TRL benchmark's own pieces: its prompts, the varied-length policy, FLOP counts by hand; the GPU
+benchmark's floors by hand and its dry run on a CPU."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,3 +112,93 @@ def test_the_lm_head_benchmark_runs_every_case_quick(monkeypatch: pytest.MonkeyP
     assert all(r["max_differences"]["logprobs"] < 1e-3 and r["max_differences"]["entropy"] < 1e-3 for r in rows)
     assert all(r["max_differences"]["weight"] < 0.02 for r in rows if r["mode"] == "train")  # bf16 autocast
     assert os.environ["RLOO_LM_HEAD_KERNEL"] == "fused"
+
+
+def gpu_run(lengths: list[tuple[list[int], list[int]]], device: str = "NVIDIA H100 80GB HBM3") -> dict[str, Any]:
+    """A ``gpu_vs_trl.py`` run record with one batch per (prompt lengths, completion lengths), the first a warm-up."""
+    batches = [
+        {
+            "index": i,
+            "profiled": False,
+            "seconds": 10.0 + i,
+            "phases": {"sampling": [2.0 + i], "logprobs": [0.5, 0.25]},
+            "own": {"update": [0.1 * i, 0.2 * i]},
+            "peak_bytes": {"batch": 2**30 * i},
+            "forwards": {"logprobs": {"calls": 2, "per_call": {"2": 2}}, "update": {"calls": 2, "per_call": {"1": 2}}},
+            "prompt_lengths": prompts,
+            "completion_lengths": completions,
+            "decode_steps": max(completions),
+            "mean_completion_length": sum(completions) / len(completions),
+        }
+        for i, (prompts, completions) in enumerate(lengths)
+    ]
+    model = {"layers": 1, "kv_heads": 1, "head_dim": 2, "parameters": 100, "body_parameters": 60, "head_parameters": 40}
+    settings = {"num_generations": 2, "steps_per_generation": 2}
+    return {"device": device, "status": "done", "settings": settings, "model": model, "batches": batches}
+
+
+def test_gpu_report_medians_skip_the_warm_up_and_the_floors_by_hand() -> None:
+    from gpu_report import floors, numbers, peaks_for
+
+    run = gpu_run([([9, 9], [9, 9]), ([3, 3], [2, 1]), ([3, 3], [2, 1])])
+    got = numbers(run)
+    assert got is not None and got["timed_batches"] == [1, 2]
+    assert got["sampling"] == 3.5 and got["decode_ms"] == pytest.approx(1750.0)  # 3 s / 2 steps and 4 s / 2 steps
+    assert got["logprobs"] == 0.75 and got["batch"] == 11.5 and got["peak_gib"] == 2.0
+    assert got["update"] == pytest.approx(0.2) and got["update_slowest_over_median"] == pytest.approx(2.0)  # 0.1-0.4
+    bandwidth, flops = peaks_for(run["device"]) or (0.0, 0.0)
+    assert (bandwidth, flops) == (3.0e12, 800e12) and peaks_for("cpu") is None
+    floor = floors(run, (bandwidth, flops))
+    assert floor is not None
+    kv = 2 * 1 * 1 * 2 * 2 * ((2 * 3 + 1) + (1 * 3 + 0))  # K and V x layers x heads x dim x 2 B, over the contexts
+    assert floor["decode_ms"] == pytest.approx(1000 * (200 + kv / 2) / bandwidth)
+    assert floor["sampling"] == pytest.approx((2 * 200 + kv) / bandwidth + 2 * 60 * 6 / 2 / flops)
+    assert floor["logprob_flops"] == 2 * (2 * 60 * 9 + 2 * 40 * 3)  # reference and old: 9 tokens, 3 through the head
+    assert floor["update_flops"] == (6 * 60 * 9 + 6 * 40 * 3) / 2  # each optimizer step trains half the rows
+    assert floor["update"] == pytest.approx(floor["update_flops"] / flops + 32 * 100 / bandwidth)
+    assert floor["batch"] == pytest.approx(floor["sampling"] + floor["logprobs"] + 2 * floor["update"])
+
+
+def test_the_gpu_benchmark_dry_run_leaves_every_phase_and_the_table(tmp_path: Path) -> None:
+    """``QUICK=1 bash benchmarks/gpu_vs_trl.sh``, its rloo and TRL fixed-length parts (the others run the same code
+    on other settings): each implementation's JSON has every phase of every batch, the forwards per phase and the
+    profiled last batch's reduced profile, and the last lines printed are the table with each phase measured."""
+    env = {**os.environ, "OUT": str(tmp_path), "QUICK": "1", "PARTS": "rloo-fixed trl-fixed", "PY": sys.executable}
+    done = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_vs_trl.sh")],
+        cwd=BENCHMARKS.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = (tmp_path / "log.txt").read_text() if (tmp_path / "log.txt").exists() else ""
+    assert done.returncode == 0, done.stdout[-3000:] + log[-3000:]
+    for impl in ("rloo", "trl"):
+        run = json.loads((tmp_path / f"{impl}.json").read_text())["fixed"]
+        assert run["status"] == "done", run.get("error")
+        assert [b["profiled"] for b in run["batches"]] == [False, True]
+        for batch in run["batches"]:
+            assert {"batch", "sampling", "logprobs", "update"} <= set(batch["phases"])
+            assert len(batch["own"]["update"]) == 4  # steps_per_generation optimizer steps
+            assert 0 < batch["decode_steps"] <= 8 and batch["peak_bytes"]["batch"] is None  # no peak on a CPU
+            forwards = batch["forwards"]
+            assert forwards["sampling"]["calls"] >= batch["decode_steps"]
+            assert forwards["logprobs"]["calls"] >= 2 and forwards["update"]["calls"] >= 4
+        phases = run["profile"]["phases"]
+        assert {"sampling", "logprobs", "update"} <= set(phases)
+        assert any("scaled_dot_product" in op for op in phases["sampling"]["attention_ops"])
+        assert phases["update"]["aten_ops"] > 0 and phases["update"]["host_syncs"] is None  # counted on CUDA only
+    with gzip.open(tmp_path / "trace_decode.json.gz") as trace:
+        assert json.load(trace)["traceEvents"]
+    summary = json.loads((tmp_path / "gpu-vs-trl-cpu.json").read_text())
+    assert summary["tables"]["main"][0].startswith("| phase | rloo | TRL |")
+    assert len(list(tmp_path.iterdir())) <= 8  # what the GPU machine sends back
+    lines = done.stdout.strip().splitlines()
+    table = lines[lines.index(summary["tables"]["main"][0]) :]
+    assert table == summary["tables"]["main"]  # the last lines
+    timed = [row for row in table if row.startswith("| fixed: ") and (", s |" in row or ", ms |" in row)]
+    measured = [row.split(" | ") for row in timed]
+    assert len(measured) == 5  # sampling, decode step, log-prob passes, update, generation batch
+    for cells in measured:
+        assert float(cells[1]) > 0 and float(cells[2]) > 0, cells
