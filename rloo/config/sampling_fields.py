@@ -158,3 +158,16 @@ def available_worker_devices(devices: Any) -> list[str] | None:
                 "name one it has, or cpu"
             )
     return [str(device) for device in devices]
+
+
+def staleness_caution(max_staleness: int, clip_ratio: bool) -> str | None:
+    """A warning for asynchronous sampling (``max_staleness`` >= 1) with an unclipped ratio, else None: the
+    lagged batches' ratios then move the policy without bound (tinker-cookbook#822: an unclipped loss
+    collapsed at staleness 3 where a clipped one held; README, "Asynchronous generation")."""
+    if max_staleness < 1 or clip_ratio:
+        return None
+    return (
+        f"max_staleness={max_staleness} with clip_ratio=False: batches sampled by older weights train with an "
+        "unclipped importance ratio, which has collapsed runs at a staleness of 3 (tinker-cookbook#822); set "
+        "clip_ratio: true (epsilon bounds each step's move) or max_staleness: 0"
+    )

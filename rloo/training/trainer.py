@@ -34,6 +34,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
 from rloo.config.legacy import check_trainer_arguments
+from rloo.config.sampling_fields import staleness_caution
 from rloo.data.loading import load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
@@ -173,6 +174,8 @@ class RLOOTrainer(CallbackMethods):
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
         self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
+        if (caution := staleness_caution(args.max_staleness, args.algorithm.clip_ratio)) is not None:
+            self.warn(caution)
         self._stop = StopRequest()
         self.experience = ExperienceMaker(
             args=args,

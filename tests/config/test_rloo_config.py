@@ -544,3 +544,12 @@ def test_numpy_numbers_are_accepted_as_plain_numbers() -> None:
     config = RLOOConfig(learning_rate=np.float64(2e-5), per_device_train_batch_size=np.int64(8))
     assert type(config.learning_rate) is float and type(config.per_device_train_batch_size) is int
     assert "per_device_train_batch_size: 8" in yaml.safe_dump(config.to_dict())
+
+
+def test_asynchronous_sampling_without_clipping_is_cautioned() -> None:
+    from rloo.config.sampling_fields import staleness_caution
+
+    assert staleness_caution(0, clip_ratio=False) is None  # synchronous: nothing lags
+    assert staleness_caution(2, clip_ratio=True) is None  # clipped: each step's move is bounded
+    caution = staleness_caution(3, clip_ratio=False)
+    assert caution is not None and "clip_ratio: true" in caution and "tinker-cookbook#822" in caution

@@ -506,3 +506,10 @@ def test_the_training_loop_holds_the_sdpa_priority_of_its_device(
     t = trainer(tmp_path, max_steps=1)
     t.train()
     assert entered == [t.accelerator.device]
+
+
+def test_a_lagged_unclipped_run_is_warned_at_start(tmp_path: Path) -> None:
+    t = trainer(tmp_path, max_steps=1, max_staleness=1, clip_ratio=False)
+    log = (tmp_path / "run" / "warnings.log").read_text()
+    assert "max_staleness=1 with clip_ratio=False" in log
+    assert t.args.algorithm.clip_ratio is False
