@@ -58,7 +58,12 @@ def versions() -> dict[str, Any]:
             found[name] = None
     found["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     order = getattr(torch._C, "_get_sdp_priority_order", None)
-    found["sdp_priority_order"] = [str(x) for x in order()] if order is not None else None
+    if order is not None:
+        from torch.nn.attention import SDPBackend
+
+        found["sdp_priority_order"] = [SDPBackend(int(x)).name for x in order()]
+    switches = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled", "math_sdp_enabled")
+    found["sdp_enabled"] = {name: getattr(torch.backends.cuda, name)() for name in switches}  # a variant's check
     return found
 
 
