@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rloo.tiny import TOOL_CHARS, TOOL_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
+from tests.helpers.templates import family_tokenizer, render, turn_end
 
 
 def multiply(a: int, b: int) -> int:
@@ -55,11 +56,43 @@ def episode_ids(tokenizer: Any, a: int, b: int) -> tuple[list[int], list[int], l
     return prompt_ids, turn + suffix + answer, [1] * len(turn) + [0] * len(suffix) + [1] * len(answer)
 
 
+def template_episode_ids(tokenizer: Any, ends: list[int], a: int, b: int) -> tuple[list[int], list[int], list[int]]:
+    """:func:`episode_ids` under a family's own template (:mod:`tests.helpers.templates`): the call turn as the
+    template renders it, then what it renders after that turn, then the product and the EOS."""
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
+    assistant = {"role": "assistant", "content": "", "tool_calls": [call]}
+    answer_message = {"role": "tool", "name": "multiply", "content": str(a * b)}
+    prompt = render(tokenizer, question(a, b), True, [multiply])
+    whole = render(tokenizer, [*question(a, b), assistant, answer_message], True, [multiply])
+    end = turn_end(whole, prompt, ends)
+    turn, suffix = whole[len(prompt) : end + 1], whole[end + 1 :]
+    answer = tokenizer(str(a * b), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt, turn + suffix + answer, [1] * len(turn) + [0] * len(suffix) + [1] * len(answer)
+
+
+def family_tool_tokenizer(template: str | None) -> Any:
+    """The tool-template tokenizer (None) or a character tokenizer of a family's own template."""
+    return tool_tokenizer() if template is None else family_tokenizer(template)[0]
+
+
+def _tool_llama(tokenizer: Any, seed: int, template: str | None) -> Any:
+    positions = 512 if template is None else 2048
+    return build_tiny_llama(
+        len(tokenizer), hidden_size=64, num_heads=2, max_positions=positions, tokenizer=tokenizer, seed=seed
+    )
+
+
 @functools.cache
-def _taught_state(pairs: tuple[tuple[int, int], ...], steps: int, seed: int) -> dict[str, torch.Tensor]:
-    tokenizer = tool_tokenizer()
-    model = build_tiny_llama(len(tokenizer), hidden_size=64, num_heads=2, tokenizer=tokenizer, seed=seed)
-    rows = [episode_ids(tokenizer, a, b) for a, b in pairs]
+def _taught_state(
+    pairs: tuple[tuple[int, int], ...], steps: int, seed: int, template: str | None
+) -> dict[str, torch.Tensor]:
+    tokenizer = family_tool_tokenizer(template)
+    model = _tool_llama(tokenizer, seed, template)
+    if template is None:
+        rows = [episode_ids(tokenizer, a, b) for a, b in pairs]
+    else:
+        ends = family_tokenizer(template)[1]
+        rows = [template_episode_ids(tokenizer, ends, a, b) for a, b in pairs]
     width = max(len(p) + len(e) for p, e, _ in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     labels = torch.full((len(rows), width), -100)
@@ -67,7 +100,8 @@ def _taught_state(pairs: tuple[tuple[int, int], ...], steps: int, seed: int) -> 
         ids[i, : len(prompt) + len(episode)] = torch.tensor(prompt + episode)
         target = [t if m else -100 for t, m in zip(episode, mask, strict=True)]
         labels[i, len(prompt) : len(prompt) + len(episode)] = torch.tensor(target)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    # a family's template renders a long tools preamble (~770 tokens for Qwen3's): a larger rate to fit it
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3 if template is None else 1e-2)
     torch.manual_seed(seed)
     for _ in range(steps):
         loss = model(input_ids=ids, labels=labels).loss
@@ -77,9 +111,12 @@ def _taught_state(pairs: tuple[tuple[int, int], ...], steps: int, seed: int) -> 
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def taught_model(pairs: tuple[tuple[int, int], ...] = ((3, 4), (2, 5)), steps: int = 300, seed: int = 0) -> Any:
-    """A fresh tiny Llama with the taught weights (cached per arguments)."""
-    tokenizer = tool_tokenizer()
-    model = build_tiny_llama(len(tokenizer), hidden_size=64, num_heads=2, tokenizer=tokenizer, seed=seed)
-    model.load_state_dict(_taught_state(pairs, steps, seed))
+def taught_model(
+    pairs: tuple[tuple[int, int], ...] = ((3, 4), (2, 5)), steps: int = 300, seed: int = 0, template: str | None = None
+) -> Any:
+    """A fresh tiny Llama with the taught weights (cached per arguments); ``template``: taught in that family's
+    own chat template (:func:`family_tool_tokenizer`) instead of the tool template."""
+    tokenizer = family_tool_tokenizer(template)
+    model = _tool_llama(tokenizer, seed, template)
+    model.load_state_dict(_taught_state(pairs, steps, seed, template))
     return model

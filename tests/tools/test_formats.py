@@ -9,8 +9,8 @@ import pytest
 
 from rloo.tools.formats import format_of
 from rloo.tools.parsing import parse_turn
+from tests.helpers.templates import FAMILIES, family_tokenizer, render, turn_end
 from tests.helpers.tools import multiply
-from tests.tools.test_chat_templates import FAMILIES, family_tokenizer, render
 
 CALL = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": "x y"}}}
 OTHER = {"type": "function", "function": {"name": "multiply", "arguments": {"a": [1, 2], "b": {"c": True}}}}
@@ -38,10 +38,10 @@ def test_the_calls_a_template_renders_parse_back(name: str) -> None:
     calls = [CALL] if name in ONE_CALL_A_TURN else [CALL, OTHER]
     question = [{"role": "user", "content": "What is 3*4?"}]
     answers = [{"role": "tool", "name": "multiply", "content": "12"} for _ in calls]
-    whole = render(tokenizer, [*question, {"role": "assistant", "content": "", "tool_calls": calls}, *answers], True)
-    prompt = render(tokenizer, question, True)
-    turn_end = [i for i, token in enumerate(whole) if token in ends][sum(token in ends for token in prompt)]
-    parsed = parse_turn(tokenizer, whole[len(prompt) : turn_end + 1], prompt, [multiply])
+    assistant = {"role": "assistant", "content": "", "tool_calls": calls}
+    whole = render(tokenizer, [*question, assistant, *answers], True, [multiply])
+    prompt = render(tokenizer, question, True, [multiply])
+    parsed = parse_turn(tokenizer, whole[len(prompt) : turn_end(whole, prompt, ends) + 1], prompt, [multiply])
     assert parsed.calls == calls and parsed.malformed == 0
     assert parsed.message["tool_calls"] == calls
 

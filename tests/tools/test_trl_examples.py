@@ -9,7 +9,8 @@ import random
 from pathlib import Path
 
 from rloo import GRPOConfig, GRPOTrainer
-from tests.helpers.tools import question, taught_model, tool_tokenizer
+from tests.helpers.tools import family_tool_tokenizer, question, taught_model, tool_tokenizer
+from tests.helpers.tools import multiply as taught_multiply
 
 
 class IncrementEnv:
@@ -110,3 +111,35 @@ def test_the_tools_example(tmp_path: Path) -> None:
     trainer.train()
     logged = [row for row in trainer.state.log_history if "tools/call_frequency" in row]
     assert len(logged) == 2
+
+
+def test_the_tools_example_with_qwen3s_own_chat_template(tmp_path: Path) -> None:
+    """Qwen3's template as Qwen3 ships it (not prefix-preserving: it re-renders the last assistant turn once
+    tool messages follow): TRL 1.16 runs this example, rloo stopped at the first tool call before."""
+
+    def correct(completions: list[list[dict[str, str]]], answer: list[int], **kwargs: object) -> list[float]:
+        return [float(c[-1]["content"].strip() == str(a)) for c, a in zip(completions, answer, strict=True)]
+
+    rows = [{"prompt": question(a, b), "answer": a * b} for a, b in [(3, 4), (2, 5)] * 2]
+    trainer = GRPOTrainer(
+        model=taught_model(template="qwen3"),
+        reward_funcs=correct,
+        args=GRPOConfig(
+            max_steps=1,
+            max_tool_calling_iterations=2,
+            max_prompt_length=1024,
+            **small(tmp_path, per_device_train_batch_size=8, max_completion_length=200),
+        ),
+        train_dataset=rows,
+        processing_class=family_tool_tokenizer("qwen3"),
+        tools=[taught_multiply],  # the tool it was taught with: its schema is in the system prompt
+    )
+    trainer.train()
+    logged = next(row for row in trainer.state.log_history if "tools/call_frequency" in row)
+    assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(episodes) == 8
+    for episode in episodes:  # every completion called multiply and read its answer
+        a, b = episode["prompt"][0]["content"].rstrip("?").split("*")
+        tool = [m for m in episode["completion"] if m["role"] == "tool"]
+        assert [m["content"] for m in tool] == [str(int(a) * int(b))], episode["completion"]
