@@ -283,8 +283,9 @@ def generate_rollouts(
                 batch.compact(finished, compact_at, finished_in_batch)
         batch.advance(model, token[batch.rows], params.repetition_penalty != 1.0)
     # the loop may have run past the step every row had finished by (it checks every check_every steps):
-    # those columns are padding, dropped
-    completion_ids = torch.stack(tokens[: int(last_step.max()) + 1], dim=1)
+    # those columns are padding, dropped; in lockstep every process keeps the steps they all ran
+    width = len(tokens) if all_done is not None else int(last_step.max()) + 1
+    completion_ids = torch.stack(tokens[:width], dim=1)
     logprobs = logprobs[: completion_ids.shape[1]]
     completion_mask = completion_mask_from_lengths(lengths, completion_ids.shape[1])
     completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
