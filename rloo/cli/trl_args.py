@@ -4,7 +4,9 @@ changed (``rloo train --model_name_or_path M --dataset_name D --reward_funcs acc
 TRL parses ``trl rloo`` with ``HfArgumentParser`` over its script arguments, ``RLOOConfig`` and
 ``ModelConfig``: every flag is ``--field value`` or ``--field=value``; a bool alone means true
 (``--use_peft``) or takes ``true``/``false``; a list takes the values up to the next flag
-(``--reward_funcs a b``); a dict is JSON; ``--config FILE.yaml`` reads the same keys from a file
+(``--reward_funcs a b``); a dict is JSON (rloo: a list item in braces too, so that
+``--reward_funcs '{"name": "code_execution", "sandbox": "none"}'`` and ``--tools python`` set what a run
+file's items do); ``--config FILE.yaml`` reads the same keys from a file
 (flags win; its ``env:`` mapping sets environment variables). Here the flags become rloo's run file
 (:mod:`rloo.cli.run_file`), so both are checked the same way:
 
@@ -21,13 +23,15 @@ alone: rloo's eval_strategy follows eval_steps)
                                                             names and dotted import paths read)
 ``--use_peft --lora_r 16 --lora_alpha 32 ...``              ``peft:`` (TRL's LoRA defaults)
 ``--dtype --attn_implementation --model_revision``          ``model_init_kwargs``
+``--load_in_4bit --bnb_4bit_quant_type --use_bnb_nested_quant`` ``model_init_kwargs.quantization_config``
+(``--load_in_8bit``)                                        (QLoRA with ``--use_peft``, as TRL's)
 ``--gradient_checkpointing_use_reentrant``                  ``gradient_checkpointing_kwargs``
 any ``RLOOConfig`` field, ``model``/``dataset``/... keys    itself
 ==========================================================  ====================================
 
 Where we depart from TRL: an unknown flag is an error with the closest name (HfArgumentParser in
-``trl rloo`` ignores unknown arguments); quantized loading (``--load_in_4bit/8bit``), dataset
-mixtures (``--datasets``) and ``--dataset_streaming`` are refused naming the flag; LoRA flags without
+``trl rloo`` ignores unknown arguments); dataset mixtures (``--datasets``) and ``--dataset_streaming``
+are refused naming the flag; LoRA flags without
 ``--use_peft``, and the bitsandbytes details without quantized loading, are ignored as in TRL, with a
 warning.
 """
@@ -110,10 +114,6 @@ LORA_FLAGS = {
 }
 TRL_LORA_DEFAULTS = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "task_type": "CAUSAL_LM"}
 REFUSED_FLAGS = {
-    "load_in_4bit": "quantized (QLoRA) loading needs bitsandbytes and a CUDA GPU, and rloo does not support it yet; "
-    "train LoRA on bf16 weights instead (--use_peft --dtype bfloat16)",
-    "load_in_8bit": "quantized loading needs bitsandbytes and a CUDA GPU, and rloo does not support it yet; "
-    "train LoRA on bf16 weights instead (--use_peft --dtype bfloat16)",
     "datasets": "dataset mixtures are not supported by rloo train; give one --dataset_name, or build the mixture "
     "with datasets and pass it to RLOOTrainer(train_dataset=...)",
     "dataset_streaming": "rloo train reads its dataset into memory; stream from the Python API instead: "
@@ -128,7 +128,7 @@ def flag_kinds() -> dict[str, str]:
     """Every flag ``rloo train`` takes in TRL's form and its kind: TRL's script and model fields,
     every ``RLOOConfig`` field (older TRL names and GRPO's names too) and the run file's own keys."""
     annotations = typing.get_type_hints(RLOOConfig)
-    kinds = {"model": "value", "dataset": "value", "eval_dataset": "value", "peft": "dict"}
+    kinds = {"model": "value", "dataset": "value", "eval_dataset": "value", "peft": "dict", "tools": "list"}
     for field in dataclasses.fields(RLOOConfig):
         if field.init:
             kinds[field.name] = _kind(annotation_text(annotations[field.name]))
@@ -205,16 +205,16 @@ def _take_values(tokens: list[str], position: int, kind: str) -> tuple[int, list
 
 
 def _flag_value(name: str, kind: str, values: list[str]) -> Any:
-    """A flag's value from its tokens: a bool, a list (each item YAML), a mapping (JSON/YAML), or one
-    YAML value (``1e-5`` stays text here; the run file's type check reads it as a float)."""
+    """A flag's value from its tokens: a bool, a list (each item YAML; one in braces a mapping), a mapping
+    (JSON/YAML), or one YAML value (``1e-5`` stays text here; the run file's type check reads it as a float)."""
     if kind == "bool":
         if not values:
             return True
         if values[0].lower() not in _TRUE + _FALSE:
             raise ValueError(f"--{name} takes true or false, got {values[0]!r}")
         return values[0].lower() in _TRUE
-    if kind == "list":
-        return [_scalar(value) for value in values]
+    if kind == "list":  # an item in braces is a mapping: --reward_funcs '{"name": "code_execution", ...}'
+        return [_yaml(name, value) if value.lstrip().startswith("{") else _scalar(value) for value in values]
     if not values:
         raise ValueError(f"--{name} needs a value, e.g. --{name} VALUE or --{name}=VALUE")
     if kind == "dict":
@@ -272,10 +272,12 @@ def trl_to_run(values: Mapping[str, Any]) -> dict[str, Any]:
     for name, reason in REFUSED_FLAGS.items():
         if values.pop(name, None) not in (None, False, []):
             raise ValueError(f"--{name}: {reason}")
+    if values.get("load_in_4bit") and values.get("load_in_8bit"):
+        raise ValueError("--load_in_4bit and --load_in_8bit: give one (TRL's script would take 4 bits)")
     quantization = [flag for flag in ("bnb_4bit_quant_type", "use_bnb_nested_quant") if values.get(flag)]
-    if quantization:  # TRL reads them only with --load_in_4bit (refused above)
+    if quantization and not values.get("load_in_4bit"):  # TRL reads them only with --load_in_4bit
         flags = ", ".join(f"--{flag}" for flag in quantization)
-        warnings.warn(f"{flags} ignored: they only apply to --load_in_4bit, which rloo does not support", stacklevel=2)
+        warnings.warn(f"{flags} ignored: they only apply to --load_in_4bit", stacklevel=2)
     run = {key: value for key, value in values.items() if key not in TRL_SCRIPT_FIELDS}
     _set_once(run, "model", values.get("model_name_or_path"), "--model_name_or_path")
     if values.get("dataset_name") is not None:
@@ -340,6 +342,17 @@ def _model_init_kwargs(run: dict[str, Any], values: Mapping[str, Any]) -> None:
         "attn_implementation": values.get("attn_implementation"),
     }
     given = {key: value for key, value in given.items() if value is not None}
+    if values.get("load_in_4bit"):  # TRL's get_quantization_config: QLoRA (with --use_peft)
+        dtype = given.get("dtype", "float32")
+        given["quantization_config"] = {
+            "load_in_4bit": True,
+            "bnb_4bit_compute_dtype": dtype,
+            "bnb_4bit_quant_type": values.get("bnb_4bit_quant_type") or "nf4",
+            "bnb_4bit_use_double_quant": bool(values.get("use_bnb_nested_quant")),
+            "bnb_4bit_quant_storage": dtype,
+        }
+    elif values.get("load_in_8bit"):
+        given["quantization_config"] = {"load_in_8bit": True}
     if given:  # model_init_kwargs given as well win, as in TRL's script
         run["model_init_kwargs"] = {**given, **(run.get("model_init_kwargs") or {})}
 

@@ -131,9 +131,7 @@ def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:
     return reward_model
 
 
-def check_trainer_arguments(
-    optimizers: Any, quantization_config: Any, tools: Any, rollout_func: Any, environment_factory: Any
-) -> None:
+def check_trainer_arguments(optimizers: Any, tools: Any, rollout_func: Any, environment_factory: Any) -> None:
     """TRL's ``RLOOTrainer`` / ``GRPOTrainer`` arguments rloo cannot honour yet (or given wrong), refused with
     the reason and what to do; their defaults (``optimizers=(None, None)``, ``None``) are accepted, as TRL's own
     script passes them."""
@@ -142,11 +140,6 @@ def check_trainer_arguments(
             "RLOOTrainer(optimizers=...) is not supported: rloo builds the optimizer and schedule itself (also "
             "over FSDP-sharded parameters, which an optimizer built before sharding would not hold); set "
             "RLOOConfig's optim, optim_args, learning_rate, weight_decay, lr_scheduler_type and warmup instead"
-        )
-    if quantization_config is not None:
-        raise ValueError(
-            "RLOOTrainer(quantization_config=...) is not supported: rloo does not train quantized (QLoRA) models "
-            "yet; load the model in bf16 (model_init_kwargs={'dtype': 'bfloat16'}) and train LoRA adapters"
         )
     if rollout_func is not None and (tools or environment_factory is not None):
         raise ValueError(

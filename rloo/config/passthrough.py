@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
 # from_pretrained's dtype names (torch attribute names) besides "auto"
@@ -62,7 +63,20 @@ def normalize_init_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         out.setdefault("dtype", old)
     if "dtype" in out:
         out["dtype"] = dtype_name(out["dtype"])
+    if "quantization_config" in out:
+        out["quantization_config"] = quantization_settings(out["quantization_config"])
     return check_writable(out, "or load the model yourself and pass it as `model`")
+
+
+def quantization_settings(config: Any) -> Any:
+    """A ``BitsAndBytesConfig``'s fields as a plain mapping config.yaml can hold (its ``quant_method`` enum as
+    its value); anything else as given."""
+    if not hasattr(config, "to_dict"):
+        return config
+    return {
+        key: getattr(value, "value", value) if isinstance(value, Enum) else value
+        for key, value in config.to_dict().items()
+    }
 
 
 def check_writable(kwargs: Mapping[str, Any], alternative: str = "") -> dict[str, Any]:

@@ -40,7 +40,7 @@ from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
 from rloo.generation.attention_backend import sdpa_priority
 from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
-from rloo.rewards.resolve import processing_classes
+from rloo.rewards.resolve import check_code_rewards, processing_classes
 from rloo.tools.agent import AgentSettings, run_rewards
 from rloo.tools.environments import environment_rows
 from rloo.tools.rollout_func import bind_rollout_func
@@ -83,6 +83,7 @@ from rloo.training.reference_sync import ReferenceSync
 from rloo.training.rollouts.source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
 from rloo.training.setup.models import load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.setup.optimization import prepare_training, total_steps
+from rloo.training.setup.quantized import with_quantization
 from rloo.training.state import TrainerState
 from rloo.training.timing import PhaseTimer
 from rloo.training.update import Updater
@@ -114,10 +115,11 @@ class RLOOTrainer(CallbackMethods):
         """TRL's ``RLOOTrainer`` arguments, in TRL's order; ``tools``, ``rollout_func``,
         ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused);
         ``compute_metrics``: task metrics of each evaluation (:mod:`rloo.training.monitoring.compute_metrics`)."""
-        check_trainer_arguments(optimizers, quantization_config, tools, rollout_func, environment_factory)
+        check_trainer_arguments(optimizers, tools, rollout_func, environment_factory)
+        check_code_rewards(reward_funcs)  # no sandbox for code_execution: refused before the policy loads
         self.compute_metrics = resolve_compute_metrics(compute_metrics)  # transformers' attribute: may be set later
         # the config is frozen: what is read here is what config.yaml records
-        self.args = args = as_config(args)
+        self.args = args = with_quantization(as_config(args), quantization_config, model)  # QLoRA: recorded
         self.spec = args.algorithm
         set_seed(args.seed)
         precision = resolve_mixed_precision(args.bf16, args.fp16)

@@ -203,10 +203,24 @@ def test_quantization_details_without_quantized_loading_are_ignored_with_a_warni
         assert trl_to_run({"bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": False}) == {}
 
 
+def test_trls_quantized_loading_flags_become_the_quantization_config() -> None:
+    # TRL's get_quantization_config: 4 bits computed in the model's dtype, NF4 unless asked otherwise
+    run = trl_to_run({"load_in_4bit": True, "use_bnb_nested_quant": True, "dtype": "bfloat16", "use_peft": True})
+    assert run["model_init_kwargs"]["quantization_config"] == {
+        "load_in_4bit": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_quant_storage": "bfloat16",
+    }
+    assert "peft" in run
+    assert trl_to_run({"load_in_8bit": True})["model_init_kwargs"] == {"quantization_config": {"load_in_8bit": True}}
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"load_in_4bit": True}, "--load_in_4bit: quantized (QLoRA) loading needs bitsandbytes"),
+        ({"load_in_4bit": True, "load_in_8bit": True}, "--load_in_4bit and --load_in_8bit: give one"),
         ({"datasets": ["a"]}, "--datasets: dataset mixtures are not supported"),
         ({"dataset_streaming": True}, "--dataset_streaming: rloo train reads its dataset into memory"),
         ({"model_name_or_path": "a", "model": "b"}, "--model_name_or_path and `model` give two different values"),

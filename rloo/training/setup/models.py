@@ -34,6 +34,7 @@ from transformers import (
 from rloo.data.images import image_column, is_processor
 from rloo.data.loading import column_names
 from rloo.offline import hub_or_cache
+from rloo.training.setup.quantized import is_quantized, loading_kwargs, prepare_quantized
 from rloo.training.setup.reference_adapter import (
     adapters_are_identity,
     add_reference_adapter,
@@ -92,7 +93,7 @@ def load_policy(model: str | PreTrainedModel, init_kwargs: Mapping[str, Any] | N
             f"model must be a path, a hub id, a PreTrainedModel or a peft PeftModel, got {type(model).__name__}"
         )
     check_model_folder(model)
-    kwargs = {"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})}
+    kwargs = loading_kwargs({"trust_remote_code": False, "dtype": "float32", **(init_kwargs or {})})
     try:
         with hub_or_cache(model):  # no network: the cache, at once (not ~80 s of retries)
             loaded: PreTrainedModel = auto_model_class(model, kwargs["trust_remote_code"]).from_pretrained(
@@ -408,6 +409,8 @@ def prepare_policy(
     check_decodable(policy)
     if no_dropout:
         disable_dropout(policy)
+    if is_quantized(policy):  # QLoRA: adapters over frozen quantized weights
+        prepare_quantized(policy, peft_config, adapted=is_peft_model(policy))
     if is_peft_model(policy):
         train_adapters(policy, peft_config, gradient_checkpointing)
     elif peft_config is not None:
