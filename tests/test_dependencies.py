@@ -151,3 +151,12 @@ def test_family_and_trainer_tests_pass_on_other_versions(which: str) -> None:
     """`make test-newest` / `make test-oldest`: installs a venv of its own (minutes, needs the index)."""
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "check_dependencies.py"), which], cwd=ROOT)
     assert done.returncode == 0
+
+
+def test_the_license_pyproject_names_is_in_the_repository() -> None:
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]
+    text = (root / "LICENSE").read_text()
+    assert declared == "Apache-2.0" and "Apache License" in text and "Version 2.0, January 2004" in text
