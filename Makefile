@@ -86,6 +86,12 @@ sandbox:
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow
 
+# the performance guard's baseline (tests/perf_baseline.json), rewritten on purpose: counts of forwards, tokens,
+# FLOPs, aten ops, host syncs and peak bytes that tests/test_perf_guard.py holds each change to (within 5%)
+.PHONY: perf-baseline
+perf-baseline: $(STAMP)
+	$(BIN)/python benchmarks/perf_counts.py --write
+
 # The model-family and trainer tests against the newest transformers/accelerate/peft/datasets on
 # the package index, or against pyproject's lower bounds, each in a venv of its own
 # (tools/check_dependencies.py); run on purpose, before raising a bound or the lock.

@@ -67,6 +67,25 @@ def build_model(folder: Path, name: str) -> Path:
     )
 
 
+def generate_completions(model: Any, tokenizer: Any, texts: list[str], k: int, tokens: int) -> torch.Tensor:
+    """``(P*k, <= tokens)`` completion ids from transformers' ``generate``, sampling from the full distribution
+    (temperature 1, no top-k or top-p), stopping at EOS, with the torch generator as it is."""
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=tokens,
+            num_return_sequences=k,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    return out[:, batch["input_ids"].shape[1] :]
+
+
 def generation_speed(
     model_dir: Path, name: str, rounds: int = 3, prompts: int = 4, k: int = 16, tokens: int = 128
 ) -> dict[str, Any]:
@@ -100,20 +119,7 @@ def generation_speed(
         return int(out.completion_mask.sum())
 
     def theirs() -> int:
-        batch = tokenizer([f"{i}+{i}=" for i in range(prompts)], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=tokens,
-                num_return_sequences=k,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        return int(out[:, batch["input_ids"].shape[1] :].numel())
+        return generate_completions(model, tokenizer, [f"{i}+{i}=" for i in range(prompts)], k, tokens).numel()
 
     runs: dict[str, Callable[[], int]] = {"rloo": ours, "transformers": theirs}
     speeds: dict[str, list[float]] = {label: [] for label in runs}
