@@ -82,7 +82,7 @@ class RLOOFields:
         trl=None,
     )
     max_completion_length: int = option(
-        256,
+        512,  # TRL 1.16's RLOOConfig and GRPOConfig
         "Most tokens generated per completion, >= 1; a completion with no EOS by then is truncated.",
         trl="max_completion_length",
     )

@@ -28,7 +28,15 @@ class _TranslatesKeywords(type):
     _translate_keywords: Callable[[dict[str, Any]], dict[str, Any]]
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **cls._translate_keywords(kwargs))
+        try:
+            return super().__call__(*args, **cls._translate_keywords(kwargs))
+        except ValueError as err:  # a subclass (GRPOConfig) is named as the user wrote it
+            if cls.__name__ != "RLOOConfig" and err.args and isinstance(err.args[0], str):
+                message = err.args[0]
+                for form in ("RLOOConfig(", "RLOOConfig.", "RLOOConfig got"):
+                    message = message.replace(form, cls.__name__ + form.removeprefix("RLOOConfig"))
+                err.args = (message, *err.args[1:])
+            raise
 
 
 class FrozenAfterInit(metaclass=_TranslatesKeywords):

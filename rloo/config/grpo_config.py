@@ -1,7 +1,8 @@
 """``GRPOConfig``: ``RLOOConfig`` with TRL 1.16's ``GRPOConfig`` defaults, so a GRPO script runs
 with its imports changed (``from rloo import GRPOConfig, GRPOTrainer``).
 
-It is the same config with one other default, ``preset='trl_grpo'``: group mean/std advantages
+It is the same config with two other defaults, ``num_generations=8`` (TRL's GRPOConfig's; RLOOConfig's is
+TRL's RLOOConfig's 2) and ``preset='trl_grpo'``: group mean/std advantages
 (``scale_rewards='group'``), per-token ratio, ``loss_type='dapo'`` (``token_mean``), ``beta=0``.
 GRPO's own names (``loss_type``, ``scale_rewards``, ``importance_sampling_level``) are accepted by
 both classes (:mod:`rloo.config.grpo_names`). What differs from TRL's GRPO is listed in the README's
@@ -22,6 +23,9 @@ from rloo.config.rloo_config import RLOOConfig
 class GRPOConfig(RLOOConfig):
     """``RLOOConfig`` with GRPO's defaults (``preset='trl_grpo'``); every field is ``RLOOConfig``'s."""
 
+    num_generations: int = option(
+        8, "Completions per prompt (K), >= 2 (GRPOConfig's default is TRL 1.16 GRPOConfig's: 8).", trl="num_generations"
+    )
     preset: str = option(
         "trl_grpo",
         f"Algorithm preset filling every algorithm knob left None: one of {', '.join(PRESETS)}; GRPOConfig's "

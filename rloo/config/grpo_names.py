@@ -74,3 +74,11 @@ def translate_grpo_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             )
         out[knob] = values[key]
     return out
+
+
+def grpo_value(name: str, knob_value: Any) -> str | None:
+    """GRPO's value of ``name`` (``loss_type``, ``scale_rewards``, ``importance_sampling_level``) for the rloo
+    knob's ``knob_value``, as TRL scripts read it back from the config; None where GRPO has no equal."""
+    _, values, _ = GRPO_NAMES[name]
+    names = [grpo for grpo, knob in values.items() if knob == knob_value and grpo not in ("true", "false")]
+    return str(names[0]) if names else None

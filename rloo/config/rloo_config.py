@@ -27,6 +27,7 @@ from typing import Any
 from rloo.config.field_types import CONTAINER_KINDS, parse_json_object
 from rloo.config.fields import RLOOFields
 from rloo.config.frozen import FrozenAfterInit
+from rloo.config.grpo_names import grpo_value
 from rloo.config.health import resolve_health_thresholds
 from rloo.config.legacy import accept_older_names
 from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
@@ -54,6 +55,23 @@ class RLOOConfig(FrozenAfterInit, SamplingFields, VLLMFields, PlumbingFields, RL
     _validated: bool = field(init=False, repr=False, compare=False, default=False)
     _frozen: bool = field(init=False, repr=False, compare=False, default=False)
     _translate_keywords = staticmethod(accept_older_names)  # kl_coef=... -> beta=..., before __init__
+
+    @property
+    def loss_type(self) -> str | None:
+        """GRPO's name for the resolved ``loss_aggregation`` (``dapo``, ``grpo``, ``dr_grpo``), as TRL scripts
+        read it back; None where GRPO has none."""
+        return grpo_value("loss_type", self.algorithm.loss_aggregation)
+
+    @property
+    def scale_rewards(self) -> str | None:
+        """GRPO's name for the resolved ``advantage_estimator`` (``group``, ``batch``, ``none``); None for
+        rloo's own (``rloo``: the leave-one-out baseline has no GRPO equal)."""
+        return grpo_value("scale_rewards", self.algorithm.advantage_estimator)
+
+    @property
+    def importance_sampling_level(self) -> str | None:
+        """GRPO's name for the resolved ``ratio_level``: ``token``; None for rloo's sequence ratio (not GSPO's)."""
+        return grpo_value("importance_sampling_level", self.algorithm.ratio_level)
 
     def __post_init__(self) -> None:
         for name in self.field_names():  # numpy scalars as plain numbers (config.yaml must hold them)

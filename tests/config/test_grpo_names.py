@@ -66,3 +66,24 @@ def test_grpoconfig_is_rloos_config_with_trls_grpo_defaults(tmp_path: Path) -> N
     assert isinstance(args.replace(beta=0.04), GRPOConfig)
     rebuilt = RLOOConfig(**args.to_dict())  # config.yaml read back by `rloo train` trains the same
     assert rebuilt.algorithm == args.algorithm
+
+
+def test_grpo_configs_defaults_are_trls_and_its_names_read_back() -> None:
+    from rloo import GRPOConfig
+
+    grpo, rloo = GRPOConfig(output_dir="x"), RLOOConfig(output_dir="x")
+    # TRL 1.16: GRPOConfig num_generations 8, max_completion_length 512; RLOOConfig 2 and 512
+    assert (grpo.num_generations, grpo.max_completion_length) == (8, 512)
+    assert (rloo.num_generations, rloo.max_completion_length) == (2, 512)
+    assert (grpo.loss_type, grpo.scale_rewards, grpo.importance_sampling_level) == ("dapo", "group", "token")
+    assert RLOOConfig(output_dir="x", loss_type="dr_grpo", scale_rewards="batch").loss_type == "dr_grpo"
+    assert rloo.scale_rewards is None  # rloo's leave-one-out baseline has no GRPO name
+
+
+def test_a_grpo_configs_refusals_name_grpoconfig() -> None:
+    from rloo import GRPOConfig
+
+    with pytest.raises(ValueError, match=r"^GRPOConfig\(loss_type='bnpo'\) is not supported"):
+        GRPOConfig(output_dir="x", loss_type="bnpo")
+    with pytest.raises(ValueError, match=r"^GRPOConfig\.beta=-1 is invalid"):
+        GRPOConfig(output_dir="x", beta=-1)
