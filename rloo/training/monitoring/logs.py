@@ -105,16 +105,26 @@ def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: i
     )
 
 
+# below this a console number is float rounding of a 0 (a group's equal rewards give reward_std ~4e-9; the
+# policy-gradient loss is ~0 by construction, its advantages summing to 0): shown as 0, kept exact in metrics.jsonl
+CONSOLE_ZERO = 1e-6
+
+
+def console_number(value: float) -> str:
+    """``value`` for the console: 4 significant digits, or ``0`` when its magnitude is below :data:`CONSOLE_ZERO`."""
+    return "0" if abs(value) < CONSOLE_ZERO else f"{value:.4g}"
+
+
 def log_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
     """The console line of a log: ``step 10/100 reward=0.5 kl=0.01 ...``; the end-of-training
     entry (:func:`train_summary`) as ``trained to step 100/100 in 12.3 s, train_loss=...``."""
     if "train_runtime" in logs:  # it holds none of a step's metrics: never a bare "step 100/100"
         return (
             f"trained to step {step}/{max_steps} in {logs['train_runtime']:.1f} s "
-            f"({logs['train_steps_per_second']:.3g} steps/s), train_loss={logs['train_loss']:.4g}"
+            f"({logs['train_steps_per_second']:.3g} steps/s), train_loss={console_number(logs['train_loss'])}"
         )
     shown = (names.REWARD, names.REWARD_STD, names.KL, names.LOSS, names.ENTROPY, names.MEAN_LENGTH, names.EVAL_REWARD)
-    return f"step {step}/{max_steps} " + " ".join(f"{k}={logs[k]:.4g}" for k in shown if k in logs)
+    return f"step {step}/{max_steps} " + " ".join(f"{k}={console_number(logs[k])}" for k in shown if k in logs)
 
 
 class RunWarnings:
