@@ -77,11 +77,12 @@ endef
 browser:
 	$(call apt-install,chromium,chromium,the browser test is)
 
-# Debian's bubblewrap, the sandbox of the code_execution reward (tests/rewards/test_sandbox.py skips its
-# isolation tests without it, and the reward falls back to rlimits alone, with a warning).
+# Debian's bubblewrap, the sandbox of the code_execution reward and the python tool: without a working one
+# both are refused (sandbox="none" is the unsafe opt-out), and the tests that run model-written code are
+# skipped, saying why.
 .PHONY: sandbox
 sandbox:
-	$(call apt-install,bwrap,bubblewrap,the sandbox isolation tests are)
+	$(call apt-install,bwrap,bubblewrap,the tests that run model-written code are)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

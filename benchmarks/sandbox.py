@@ -1,5 +1,5 @@
-"""Executions per second of the code-execution sandbox: bubblewrap vs the rlimits-only fallback,
-one at a time and through the reward's thread pool.
+"""Executions per second of the code-execution sandbox: bubblewrap vs the rlimits alone (the unsafe
+``sandbox="none"``), one at a time and through the reward's thread pool.
 
     .venv/bin/python benchmarks/sandbox.py              # 200 executions per figure
     .venv/bin/python benchmarks/sandbox.py --executions 50
@@ -18,7 +18,7 @@ import time
 import warnings
 
 from rloo.rewards.code_execution import code_execution_reward
-from rloo.rewards.sandbox import run_in_sandbox, sandbox_backend
+from rloo.rewards.sandbox import bwrap_problem, run_in_sandbox
 
 PROGRAM = "n = int(input())\nprint(2 * n)\n"
 
@@ -44,8 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executions", type=int, default=200)
     args = parser.parse_args()
-    warnings.simplefilter("ignore", RuntimeWarning)  # the fallback's warning: we ask for it here
-    modes = [("bwrap", "bwrap"), ("rlimits only", "none")] if sandbox_backend("auto") else [("rlimits only", "none")]
+    warnings.simplefilter("ignore", RuntimeWarning)  # sandbox='none' is warned: we ask for it here
+    modes = [("bwrap", "bwrap"), ("rlimits only", "none")] if bwrap_problem() is None else [("rlimits only", "none")]
     print(f"{args.executions} executions per figure, {os.cpu_count()} CPU cores")
     print(f"{'sandbox':<14}{'sequential /s':>15}{'pool /s':>10}")
     for label, sandbox in modes:

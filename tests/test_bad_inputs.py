@@ -22,6 +22,7 @@ from typer.testing import Result
 from rloo import RLOOConfig, RLOOTrainer
 from tests.helpers.cli import DROP, flat, invoke, run_file
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, tiny_reward_model
+from tests.helpers.sandbox import needs_bwrap
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -731,6 +732,7 @@ def test_prompt_files_and_rows_that_arrow_would_reject(tmp_path: Path) -> None:
         RLOOTrainer(make_model(make_tokenizer()), frac7, config(tmp_path), str(tmp_path))
 
 
+@needs_bwrap  # the reward is built only where it has a sandbox
 def test_the_code_execution_reward_without_its_column_is_refused_at_construction(tmp_path: Path) -> None:
     from rloo.rewards.code_execution import code_execution_reward
 

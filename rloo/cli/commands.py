@@ -72,6 +72,7 @@ _NAMED_ERRORS = {
     "ComputeMetricsError": 1,
     "NonFiniteTrainingError": 3,
     "CheckpointWriteError": 1,
+    "SandboxUnavailable": 2,  # no sandbox for model-written code: the message says how to get one
 }
 
 

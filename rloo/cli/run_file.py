@@ -8,8 +8,8 @@ A run file holds every :class:`rloo.config.RLOOConfig` field at the top level, p
 - ``reward_funcs``: a list of built-in names, ``module:function`` strings, reward-model
   folders, or ``{name: ..., weight: ..., <params>}``;
 - ``peft``: ``peft.LoraConfig`` fields (optional);
-- ``tools``: functions the model may call, multi-turn (optional): ``python`` (the sandboxed Python tool)
-  or ``package.module:function`` strings;
+- ``tools``: functions the model may call, multi-turn (optional): ``python`` (the sandboxed Python tool;
+  ``{name: python, sandbox: none, timeout: ...}`` to set it) or ``package.module:function`` strings;
 - ``compute_metrics``: a ``package.module:function`` string (optional): task metrics of each evaluation
   (:mod:`rloo.training.monitoring.compute_metrics`); ``rloo eval --run-file`` reports them too.
 
@@ -159,7 +159,7 @@ class RunFile:
     reward_funcs: list[Any]
     peft: dict[str, Any] | None
     config: RLOOConfig
-    tools: list[str] = dataclasses.field(default_factory=list)
+    tools: list[Any] = dataclasses.field(default_factory=list)  # names, or {name: python, <its settings>}
     compute_metrics: str | None = None  # package.module:function
 
     def to_dict(self) -> dict[str, Any]:

@@ -384,3 +384,5 @@ BUILTIN_REWARDS: dict[str, Callable[..., RewardFunc]] = {
     "code_execution": code_execution_reward,
     "reward_model": _reward_model,
 }
+# the built-ins that execute completions (in rloo.rewards.sandbox): refused without a working sandbox
+RUNS_MODEL_CODE = ("code_execution",)

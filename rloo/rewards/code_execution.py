@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = ("", "python", "py", "python3")
+OPT_OUT = 'code_execution_reward(sandbox="none") (in a run file: {name: code_execution, sandbox: none})'
 
 
 @dataclass(frozen=True)
@@ -114,17 +115,17 @@ def code_execution_reward(
     """A reward named ``code_execution``: the fraction of the row's test cases (dataset column
     ``column``) the completion's code passes, each run by :func:`rloo.rewards.sandbox.run_in_sandbox`
     under the limits given (see :class:`rloo.rewards.sandbox.SandboxLimits`), ``workers`` at a
-    time (default ``os.cpu_count()``). ``sandbox``: ``auto``, ``bwrap`` or ``none``, as there.
+    time (default ``os.cpu_count()``). ``sandbox``: ``auto``, ``bwrap`` or ``none`` (UNSAFE), as there.
 
-    Bad limits, an unknown ``sandbox``, or ``sandbox="bwrap"`` where bubblewrap does not work
-    raise here, when the reward is built; without bubblewrap the warning is given here too.
+    Bad limits, an unknown ``sandbox``, or no working bubblewrap without ``sandbox="none"``
+    (:class:`rloo.rewards.sandbox.SandboxUnavailable`) raise here, when the reward is built.
     """
     limits = SandboxLimits(timeout, cpu_seconds, memory_mb, max_processes, output_bytes, disk_mb)
     if not isinstance(column, str) or not column:
         raise ValueError(f"code_execution: column={column!r} is invalid; give the name of the test-case column")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"code_execution: workers={workers!r} is invalid; give an integer >= 1, or None")
-    sandbox_backend(sandbox)  # fail (or warn) now rather than on the first batch
+    sandbox_backend(sandbox, "the code_execution reward", OPT_OUT)  # refused now, not on the first batch
     pool_size = workers or os.cpu_count() or 1
 
     def code_execution(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rloo.rewards.builtins import BUILTIN_REWARDS
+from rloo.rewards.builtins import BUILTIN_REWARDS, RUNS_MODEL_CODE
 from rloo.rewards.calling import RewardFunc
 from rloo.suggest import unknown_name_error
 
@@ -44,6 +44,17 @@ def resolve_rewards(reward_funcs: Any, reward_processing_classes: Any = None) ->
         resolve_reward(spec, tokenizer, position)
         for position, (spec, tokenizer) in enumerate(zip(specs, tokenizers, strict=True))
     ]
+
+
+def check_code_rewards(reward_funcs: Any) -> None:
+    """Build now the named built-ins that run completions' code (``code_execution``), so that a missing
+    sandbox (:class:`rloo.rewards.sandbox.SandboxUnavailable`) or a bad setting of theirs is refused before
+    the policy loads; the trainer resolves every reward function after it."""
+    specs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    for position, spec in enumerate(specs):
+        name = spec.get("name") if isinstance(spec, Mapping) else spec
+        if isinstance(name, str) and name in RUNS_MODEL_CODE:
+            resolve_reward(spec, position=position)
 
 
 def _per_function(reward_processing_classes: Any, n: int) -> list[Any]:

@@ -28,10 +28,14 @@ concurrent executions, in this process or another, apart): a fork bomb meets its
 without touching other executions, and the uid's leftovers are reaped before the lease is
 returned. Not as root, bwrap makes a user namespace, whose processes are counted apart.
 
-Without bwrap (not installed, not working, or ``sandbox="none"``) the rlimits alone apply,
-in a fresh temporary folder with an empty environment, and a warning says so once per
-process: the code can then read and write your files, use the network and signal your
-processes (as root, the process limit does not apply either).
+Fail closed: where bubblewrap is missing or cannot run here (a container without user
+namespaces, say), running model-written code is refused when the reward or tool is built, with
+:class:`SandboxUnavailable` saying how to get a sandbox. "Works" is a probe, once per process:
+bwrap starts a program with this module's own arguments, which checks that it sees no host file,
+no network but its own loopback and no process but its own. ``sandbox="none"`` is the explicit
+opt-out, and it is unsafe: the rlimits alone apply, in a fresh temporary folder with an empty
+environment, and the code can read and write your files, use the network and signal your
+processes (as root, the process limit does not apply either); a warning says so once per process.
 """
 
 from __future__ import annotations
@@ -55,8 +59,30 @@ from pathlib import Path
 SANDBOX_CHOICES = ("auto", "bwrap", "none")
 FIRST_UID = 60000
 UID_SLOTS = 1000
-INSTALL_HINT = "install the Debian package bubblewrap (apt-get install bubblewrap)"
+UNSAFE_RIGHTS = "it can read and write your files, use the network and signal your processes"
+# how to get a working bubblewrap: the package, then what blocks its namespaces where it is installed
+GET_A_SANDBOX = (
+    "To get one, install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make sandbox` does it where it "
+    "can); where it is installed but cannot run, allow it user namespaces: on Ubuntu 24.04 sysctl "
+    "kernel.apparmor_restrict_unprivileged_userns=0 (or load AppArmor's bwrap-userns-restrict profile), on older "
+    "Debian sysctl kernel.unprivileged_userns_clone=1, and in a Docker container --security-opt seccomp=unconfined "
+    "--security-opt apparmor=unconfined (plus --cap-add SYS_ADMIN where it runs as root)."
+)
 _WARNED: set[str] = set()
+
+# The probe (once per process): printed words name what bwrap failed to hide; nothing printed is isolated.
+_PROBE = """import os, socket
+seen = ["a host file"] if os.path.exists({marker!r}) else []
+seen += [] if [name for _, name in socket.if_nameindex()] in ([], ["lo"]) else ["the host's network"]
+seen += [] if len([p for p in os.listdir("/proc") if p.isdigit()]) <= 3 else ["host processes"]
+print(", ".join(seen))
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """No working sandbox for model-written code and no explicit opt-out: refused when the reward or
+    tool is built. The message says why, how to get one, and how to opt out (unsafe)."""
+
 
 # Sets the limits, drops to the leased uid (root only), then runs solution.py as __main__.
 _RUNNER = """import os, resource, runpy, sys
@@ -129,39 +155,50 @@ def run_in_sandbox(
 ) -> SandboxResult:
     """Run Python ``code`` with ``stdin`` under ``limits`` and return what happened.
 
-    ``sandbox``: ``auto`` (bubblewrap if it works here, else the rlimits alone, with a warning),
-    ``bwrap`` (bubblewrap or a ``RuntimeError``), ``none`` (the rlimits alone, with a warning).
-    Nothing the code does raises here; a broken set-up (no temporary folder, no free uid) does.
+    ``sandbox``: ``auto`` (the default) or ``bwrap``: under bubblewrap, or :class:`SandboxUnavailable`
+    where it does not work here; ``none``: UNSAFE, the rlimits alone, with a warning. Nothing the
+    code does raises here; a broken set-up (no sandbox, no temporary folder, no free uid) does.
     """
     limits = limits if limits is not None else SandboxLimits()
     return _execute(code, stdin, limits, sandbox_backend(sandbox))
 
 
-def sandbox_backend(sandbox: str = "auto") -> str | None:
-    """The bwrap executable ``sandbox`` runs under, or ``None`` for the rlimits alone (warned once)."""
+def sandbox_backend(
+    sandbox: str = "auto", what: str = "model-written code", opt_out: str = 'sandbox="none"'
+) -> str | None:
+    """The bwrap executable ``sandbox`` runs under, or ``None`` for ``sandbox="none"`` (unsafe, warned once).
+
+    Without a working bubblewrap, ``auto`` and ``bwrap`` raise :class:`SandboxUnavailable`: its message
+    names ``what`` would run, why there is no sandbox, how to get one, and ``opt_out`` (the unsafe way on).
+    """
     if sandbox not in SANDBOX_CHOICES:
         raise ValueError(f"sandbox={sandbox!r} is not one of {', '.join(SANDBOX_CHOICES)}")
     if sandbox == "none":
-        _warn_once("sandbox='none'")
+        _warn_unsafe()
         return None
+    problem = bwrap_problem()
+    if problem is not None:
+        raise SandboxUnavailable(
+            f"refusing to run {what} without a sandbox: {problem}. {GET_A_SANDBOX} Or opt out, UNSAFE: {opt_out} "
+            f"runs model-written code with your user's rights ({UNSAFE_RIGHTS})."
+        )
+    return shutil.which("bwrap")
+
+
+def bwrap_problem() -> str | None:
+    """``None`` where bubblewrap works here (probed once per process), else why not."""
     bwrap = shutil.which("bwrap")
-    problem = "bwrap is not installed" if bwrap is None else _bwrap_problem(bwrap)
-    if problem is None:
-        return bwrap
-    if sandbox == "bwrap":
-        raise RuntimeError(f"sandbox='bwrap' but {problem}; {INSTALL_HINT}, or use sandbox='auto'")
-    _warn_once(problem)
-    return None
+    return "bubblewrap (bwrap) is not installed" if bwrap is None else _probe(bwrap)
 
 
-def _warn_once(reason: str) -> None:
-    if reason in _WARNED:
+def _warn_unsafe() -> None:
+    if _WARNED:
         return
-    _WARNED.add(reason)
+    _WARNED.add("none")
     root = " As root, the process-count limit does not apply, so a fork bomb is not contained." if _root() else ""
     warnings.warn(
-        f"code execution is NOT isolated ({reason}): completions' code runs with rlimits only and can read "
-        f"and write your files, use the network and signal your processes.{root} To isolate it, {INSTALL_HINT}.",
+        f"sandbox='none': model-written code runs UNSANDBOXED with your user's rights, with rlimits only: "
+        f"{UNSAFE_RIGHTS}.{root} Use it only where nothing on this machine needs protecting.",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -172,13 +209,22 @@ def _root() -> bool:
 
 
 @functools.cache
-def _bwrap_problem(bwrap: str) -> str | None:
-    """``None`` if ``bwrap`` runs a trivial program here (checked once per process), else why not."""
-    try:
-        result = _execute("pass", "", SandboxLimits(timeout=60), bwrap)
-    except OSError as error:
-        return f"bwrap failed to start: {error}"
-    return None if result.ok else f"bwrap does not work here: {result.stderr.strip()[-300:]}"
+def _probe(bwrap: str) -> str | None:
+    """``None`` if ``bwrap`` starts a program here with our arguments and the program sees nothing of the
+    host (a marker file, the network, other processes), checked once per process; else why not."""
+    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-probe-") as folder:
+        Path(folder).chmod(0o755)  # as root the program runs as a leased uid: it must be able to see the marker
+        marker = Path(folder) / "host-file"
+        marker.write_text("visible")
+        marker.chmod(0o644)
+        try:
+            result = _execute(_PROBE.format(marker=str(marker)), "", SandboxLimits(timeout=60), bwrap)
+        except OSError as error:
+            return f"{bwrap} failed to start: {error}"
+    if not result.ok:
+        return f"{bwrap} cannot run here ({result.stderr.strip()[-300:] or result.status})"
+    seen = result.stdout.strip()
+    return None if not seen else f"{bwrap} runs here but does not isolate: the sandboxed program saw {seen}"
 
 
 # ---------------------------------------------------------------------------- one execution

@@ -8,7 +8,7 @@ does; then :func:`rloo.tools.episodes.run_episodes` samples the episodes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,20 +106,24 @@ class AgentSettings:
 
 
 def resolve_tools(specs: Sequence[Any] | None) -> list[Callable[..., Any]] | None:
-    """A run file's ``tools``: ``python`` (the sandboxed Python tool, :mod:`rloo.tools.python_tool`) or
-    ``package.module:function`` strings; None for none."""
+    """A run file's ``tools``: ``python`` (the sandboxed Python tool, :mod:`rloo.tools.python_tool`), the same
+    as ``{name: python, sandbox: ..., <its limits>}``, or ``package.module:function`` strings; None for none."""
     if not specs:
         return None
     from rloo.rewards.resolve import import_callable
-    from rloo.tools.python_tool import python_tool
+    from rloo.tools.python_tool import python_tool_from_spec
 
     tools = []
     for position, spec in enumerate(specs):
-        if not isinstance(spec, str) or (spec != "python" and ":" not in spec):
+        if spec == "python" or (isinstance(spec, Mapping) and spec.get("name") == "python"):
+            tools.append(python_tool_from_spec({} if spec == "python" else spec, position))
+        elif isinstance(spec, str) and ":" in spec:
+            tools.append(import_callable(spec, what="tool"))
+        else:
             raise ValueError(
-                f"`tools[{position}]`={spec!r}: give 'python' (the sandboxed Python tool) or 'package.module:function'"
+                f"`tools[{position}]`={spec!r}: give 'python' (the sandboxed Python tool), "
+                "{name: python, sandbox: ..., <its limits>} or 'package.module:function'"
             )
-        tools.append(python_tool() if spec == "python" else import_callable(spec, what="tool"))
     return tools
 
 

@@ -19,6 +19,7 @@ from rloo.cli.tool_demo import (
     teacher_episode,
 )
 from tests.helpers.cli import flat, invoke
+from tests.helpers.sandbox import hide_bwrap
 
 
 def test_the_teacher_rounds_in_its_head_and_the_tool_is_exact() -> None:
@@ -43,7 +44,8 @@ def test_an_untrained_model_neither_answers_nor_calls() -> None:
     assert accuracy.tool_use == 0.0 and accuracy.right_call == 0.0
 
 
-def test_a_tiny_tool_demo_writes_its_table_and_results(tmp_path: Path) -> None:
+def test_a_tiny_tool_demo_writes_its_table_and_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_bwrap(monkeypatch)  # its tool is a plain function, no model-written code: it needs no sandbox
     out = tmp_path / "demo"
     sizes = ("--steps", "2", "--prompts-per-step", "4", "--num-generations", "2", "--hidden-size", "32")
     result = invoke("demo-tools", *sizes, "--warm-start-steps", "50", "--output-dir", out)

@@ -1,42 +1,37 @@
 """The code-execution reward and its sandbox, attacked with hostile programs.
 
 Each attack must get the failure reward (0.0) while a correct solution in the same batch still
-scores 1.0, and this test process (the "trainer") must survive. Short limits keep it fast.
+scores 1.0, and this test process (the "trainer") must survive. Short limits keep it fast. Every
+test that runs a completion's code needs a working bubblewrap and is skipped, saying why, without
+one (tests/rewards/test_fail_closed.py: what happens then).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import warnings
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rloo.rewards import sandbox
 from rloo.rewards.code_execution import code_execution_reward, extract_code, normalize_output, parse_test_cases
 from rloo.rewards.resolve import resolve_reward
-from rloo.rewards.sandbox import FIRST_UID, UID_SLOTS, SandboxLimits, processes_of, run_in_sandbox
+from rloo.rewards.sandbox import FIRST_UID, UID_SLOTS, processes_of, run_in_sandbox
 from tests.helpers.models import trainer
-
-BWRAP = shutil.which("bwrap")
-BWRAP_PROBLEM = "bwrap is not installed" if BWRAP is None else sandbox._bwrap_problem(BWRAP)
-needs_bwrap = pytest.mark.skipif(
-    BWRAP_PROBLEM is not None,
-    reason=f"{BWRAP_PROBLEM}: install the Debian package bubblewrap (`make sandbox` does) to run the isolation tests",
+from tests.helpers.sandbox import (
+    ATTACKS,
+    CORRECT,
+    DOUBLE,
+    FORK_BOMB,
+    KILLERS,
+    LIMITS,
+    SANDBOX_LIMITS,
+    SECRET,
+    fenced,
+    needs_bwrap,
 )
-
-LIMITS: dict[str, Any] = {"timeout": 2.0, "cpu_seconds": 1, "memory_mb": 256, "max_processes": 8, "output_bytes": 4096}
-SANDBOX_LIMITS = SandboxLimits(**LIMITS)
-DOUBLE = [{"input": "2\n", "output": "4\n"}, {"input": "5", "output": "10   \n\n"}, {"input": "-1\n", "output": "-2"}]
-CORRECT = "```python\nprint(2 * int(input()))\n```"
-SECRET = "hunter2-do-not-leak"
-
-
-def fenced(code: str) -> str:
-    return f"Here is my solution:\n```python\n{code}\n```\nDone."
 
 
 def leftover_sandbox_processes() -> list[int]:
@@ -46,6 +41,7 @@ def leftover_sandbox_processes() -> list[int]:
 # ---------------------------------------------------------------------------- scoring
 
 
+@needs_bwrap
 def test_correct_partial_and_missing_code_score_the_fraction_passed() -> None:
     reward = code_execution_reward(**LIMITS)
     partial = fenced("n = int(input())\nprint(2 * n if n > 0 else 0)")
@@ -56,6 +52,7 @@ def test_correct_partial_and_missing_code_score_the_fraction_passed() -> None:
     assert reward.__name__ == "code_execution"
 
 
+@needs_bwrap
 def test_assert_strings_mixed_lists_and_rows_without_tests() -> None:
     reward = code_execution_reward(**LIMITS)
     square = fenced("def square(x):\n    return x * x")
@@ -108,6 +105,7 @@ def test_bad_settings_are_named_when_the_reward_is_built(params: dict[str, Any],
         resolve_reward({"name": "code_execution", **params})
 
 
+@needs_bwrap
 @pytest.mark.parametrize(
     ("cell", "problem"),
     [
@@ -128,27 +126,6 @@ def test_a_test_case_cell_of_the_wrong_shape_names_the_column_and_row(cell: Any,
 
 
 # ---------------------------------------------------------------------------- hostile code, under bubblewrap
-
-FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-KILLERS = {
-    "parent": "import os\nos.kill(os.getppid(), 9)",
-    "pid 1": "import os\nos.kill(1, 9)",
-    "everyone": "import os\nos.kill(-1, 9)",
-    "every pid in /proc": (
-        "import os\nfor pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
-        "    try:\n        os.kill(pid, 9) if pid != os.getpid() else None\n    except OSError:\n        pass"
-    ),
-}
-KILLED = ("error", "timeout")  # by the CPU limit, or by the wall clock first on a busy machine
-ATTACKS = {
-    "infinite loop": ("while True:\n    pass", KILLED),
-    "sleep forever": ("import time\ntime.sleep(600)", ("timeout",)),
-    "fork bomb": (FORK_BOMB, KILLED),
-    "memory bomb": ("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))", ("error",)),
-    "giant allocation": ("x = bytearray(64 * 2**30)", ("error",)),
-    "giant output": ("while True:\n    print('spam' * 1000)", ("output_limit",)),
-    **{f"kill {name}": (code, ("ok", "error")) for name, code in KILLERS.items()},
-}
 
 
 @needs_bwrap
@@ -214,6 +191,22 @@ def test_the_sandbox_cannot_write_or_read_host_files(tmp_path: Path) -> None:
 
 
 @needs_bwrap
+def test_the_sandbox_cannot_signal_a_host_process() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])  # a process of the "trainer's", by its host pid
+    try:
+        kill = f"import os, signal\nos.kill({sleeper.pid}, signal.SIGKILL)\nos.killpg({sleeper.pid}, 9)"
+        result = run_in_sandbox(kill, "", SANDBOX_LIMITS)
+        assert result.status == "error" and "ProcessLookupError" in result.stderr, result
+        rewards = code_execution_reward(**LIMITS)(
+            completions=[fenced(kill)], test_cases=[[{"input": "", "output": ""}]]
+        )
+        assert rewards == [0.0] and sleeper.poll() is None  # still asleep
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@needs_bwrap
 def test_the_sandbox_has_no_network() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -260,44 +253,3 @@ def _compiles(text: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return True
-
-
-# ---------------------------------------------------------------------------- without bubblewrap
-
-
-@pytest.fixture
-def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    monkeypatch.setattr(sandbox, "_WARNED", set())
-
-
-@pytest.mark.usefixtures("no_bwrap")
-def test_without_bubblewrap_the_limits_hold_and_a_warning_says_so_once() -> None:
-    with pytest.warns(RuntimeWarning, match=r"NOT isolated \(bwrap is not installed\).*Debian package bubblewrap"):
-        reward = code_execution_reward(**LIMITS)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second warning would fail here
-        results = {name: run_in_sandbox(ATTACKS[name][0], "", SANDBOX_LIMITS) for name in ATTACKS if "kill" not in name}
-        results.pop("fork bomb")  # as root the process limit does not apply without bwrap (the warning says so)
-        for name, result in results.items():
-            assert not result.isolated
-            assert result.status in ATTACKS[name][1], (name, result)
-        hostile = [fenced(ATTACKS[name][0]) for name in results]
-        rewards = reward(completions=[*hostile, CORRECT], test_cases=[DOUBLE[:1]] * len(hostile) + [DOUBLE])
-        assert rewards == [0.0] * len(hostile) + [1.0]
-
-
-@pytest.mark.usefixtures("no_bwrap")
-def test_without_bubblewrap_the_environment_is_still_empty(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RLOO_TEST_SECRET", SECRET)
-    with pytest.warns(RuntimeWarning):
-        result = run_in_sandbox("import os\nprint(sorted(os.environ))\nprint(os.listdir('.'))", "", SANDBOX_LIMITS)
-    assert "RLOO_TEST_SECRET" not in result.stdout and "['solution.py']" in result.stdout
-
-
-@pytest.mark.usefixtures("no_bwrap")
-def test_requiring_bubblewrap_where_it_is_missing_is_an_error_and_none_is_warned() -> None:
-    with pytest.raises(RuntimeError, match=r"sandbox='bwrap' but bwrap is not installed; install the Debian package"):
-        code_execution_reward(sandbox="bwrap")
-    with pytest.warns(RuntimeWarning, match=r"NOT isolated \(sandbox='none'\)"):
-        code_execution_reward(sandbox="none")
