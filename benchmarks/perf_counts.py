@@ -17,7 +17,8 @@ generation batches (beta > 0: the reference pass and the KL reward's policy pass
   (:func:`rloo.generation.packing.choose_layout`), the CPU forward overhead pinned at
   :data:`rloo.generation.forward_overhead.CPU_OVERHEAD`;
 - ``ops``, ``syncs``: aten ops and host syncs dispatched (:class:`rloo.op_counts.OpCounts`); for sampling,
-  per decode step of the phase (scoring included);
+  per decode step of the phase (scoring included); ``non_view_ops`` leave out views (metadata only: no
+  kernel on a GPU);
 - ``peak_bytes``: the most tensor bytes alive at once (:class:`memory_measure.LiveTensorBytes`, which counts
   the storages ops return until they are freed; Python's cyclic collector is off while a case runs, so
   what is freed when does not depend on what ran before in the process).
@@ -109,12 +110,12 @@ CASES = (
 )
 
 
-def tiny_model(hazard: float) -> tuple[Any, Any]:
+def tiny_model(hazard: float, layers: int = 2) -> tuple[Any, Any]:
     """The tiny Llama (rloo.tiny, seed 0) with EOS at ``hazard`` per step, in eval mode, and its tokenizer."""
     from rloo.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer).eval()
+    model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer, num_layers=layers).eval()
     return arrange_model(model, tokenizer.eos_token_id, len(tokenizer), hazard), tokenizer
 
 
@@ -297,11 +298,12 @@ def _rollout_ops(model: Any, tokenizer: Any, texts: list[str], k: int, steps: in
     return counts
 
 
-def decode_counts(case: Case) -> dict[str, dict[str, Any]]:
+def decode_counts(case: Case, layers: int = 2) -> dict[str, dict[str, Any]]:
     """Aten ops and host syncs per decode step of rloo's sampler and of ``generate`` on ``case``'s prompts,
-    K and a model whose completions never end: ``{"rloo": {"ops_per_step", "syncs_per_step", "ops"}, ...}``
-    (``ops``: the ops of the step by name, what dominates)."""
-    model, tokenizer = tiny_model(NEVER)
+    K and a model whose completions never end: ``{"rloo": {"ops_per_step", "non_view_ops_per_step",
+    "syncs_per_step", "ops"}, ...}`` (``non_view_ops``: about a GPU's kernel launches, views left out;
+    ``ops``: the ops of the step by name, what dominates)."""
+    model, tokenizer = tiny_model(NEVER, layers)
     texts = [row["prompt"] for row in case.prompts(case.num_prompts)]
     short, long = DECODE_STEPS
     result: dict[str, dict[str, Any]] = {}
@@ -313,6 +315,7 @@ def decode_counts(case: Case) -> dict[str, dict[str, Any]]:
             ops.subtract(before.ops)
             result[engine] = {
                 "ops_per_step": round((after.total_ops - before.total_ops) / (long - short), 3),
+                "non_view_ops_per_step": round((after.non_view_ops - before.non_view_ops) / (long - short), 3),
                 "syncs_per_step": round((after.total_syncs - before.total_syncs) / (long - short), 3),
                 "ops": {name: n / (long - short) for name, n in ops.most_common() if n},
             }
@@ -377,8 +380,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"rewrite {BASELINE.relative_to(HERE.parent)}")
     parser.add_argument("--cases", default=",".join(case.name for case in CASES), help="comma-separated")
+    parser.add_argument("--decode-layers", type=int, help="only the decode step's counts, at this many layers")
     args = parser.parse_args()
     chosen = tuple(case for case in CASES if case.name in args.cases.split(","))
+    if args.decode_layers:
+        for case in chosen:
+            decode = decode_counts(case, args.decode_layers)
+            for engine, counts in decode.items():
+                print(f"{case.name} {engine}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items() if k != "ops"))
+        return
     collected = collect(chosen)
     for name, counts in collected["counts"].items():
         generate = collected["reference"][name]

@@ -11,6 +11,11 @@ tensor), ops whose output size depends on the values (``nonzero``, ``masked_sele
 indexing with a boolean mask, ``repeat_interleave`` with tensor repeats and no ``output_size``),
 ``equal`` (a reduction read back), and ``Tensor.tolist()`` (one copy to the host; it dispatches no
 op, so it is counted by wrapping the method while counting).
+
+Counted as views: ops that only make a new view of a tensor (their schema returns an alias of an input
+they do not write: ``view``, ``slice``, ``transpose``, ...; and ``_unsafe_view``, which does not say so).
+Each costs the host a dispatch but launches no kernel on a GPU, so ``non_view_ops`` is the closer count of
+a step's kernel launches there.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ SYNC_OPS = frozenset(
 )
 
 
+def _is_view(func: Any) -> bool:
+    return bool(getattr(func, "is_view", False)) or func.overloadpacket.__name__ == "_unsafe_view"
+
+
 def _is_sync(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     if name in SYNC_OPS:
         return True
@@ -41,19 +50,25 @@ def _is_sync(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 class OpCounts(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts the aten ops dispatched (``ops``, by name) and the host syncs among them (``syncs``, by
-    name; ``tolist`` included) while active. Use as a context manager; nesting another dispatch mode
-    inside is fine."""
+    """Counts the aten ops dispatched (``ops``, by name), the host syncs among them (``syncs``, by
+    name; ``tolist`` included) and the views (``views``, by name) while active. Use as a context manager;
+    nesting another dispatch mode inside is fine."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: Counter[str] = Counter()
         self.syncs: Counter[str] = Counter()
+        self.views: Counter[str] = Counter()
         self._tolist: Any = None
 
     @property
     def total_ops(self) -> int:
         return sum(self.ops.values())
+
+    @property
+    def non_view_ops(self) -> int:
+        """The ops that are not views: on a GPU, about the kernels launched."""
+        return self.total_ops - sum(self.views.values())
 
     @property
     def total_syncs(self) -> int:
@@ -79,6 +94,8 @@ class OpCounts(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.ops[name] += 1
+        if _is_view(func):
+            self.views[name] += 1
         if _is_sync(name, args, kwargs):
             self.syncs[name] += 1
         return func(*args, **kwargs)

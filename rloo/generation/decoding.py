@@ -45,14 +45,15 @@ def finished_check_every(device: torch.device) -> int:
 def step_draws(
     uniforms: Tensor | None, step: int, rows: Tensor, total: int, params: SamplingParams, generator: Any
 ) -> Tensor | None:
-    """The uniforms of the decode batch ``rows`` at ``step``: their per-completion ones, else (rows
+    """The uniforms ``(B, 1)`` of the decode batch ``rows`` at ``step``: their per-completion ones, else (rows
     compacted away) their entries of the ``(total, 1)`` draw the plain loop takes from ``generator``;
-    None where the plain draw serves as is (every row still decoding, or greedy: no draw)."""
-    if uniforms is not None:
-        return uniforms[rows, step]
+    None where the plain draw serves as is (every row still decoding, or greedy: no draw). A column, the
+    shape the sampler compares with its CDF: no op a step to reshape it."""
+    if uniforms is not None:  # every row still decoding: a view, no gather
+        return uniforms[:, step : step + 1] if rows.numel() == total else uniforms[rows, step : step + 1]
     if params.temperature == 0 or rows.numel() == total:
         return None
-    return torch.rand((total, 1), generator=generator, device=rows.device, dtype=torch.float32)[rows, 0]
+    return torch.rand((total, 1), generator=generator, device=rows.device, dtype=torch.float32)[rows]
 
 
 def attention_mask_kind(model: nn.Module, cache: Any, padded: bool) -> str:
@@ -87,7 +88,8 @@ def attention_mask_kind(model: nn.Module, cache: Any, padded: bool) -> str:
 class DecodeBatch:
     """The rows a decoding step runs: ``rows`` ``(B,)`` their indices among the N rollout rows, and
     their cache, attention mask buffer ``(B, Tp + max_new)`` (prompt mask, then ones: the first
-    ``length`` columns are the mask of the tokens so far), next positions ``(B, 1)``, rope deltas
+    ``length`` columns are the mask of the tokens so far; ``(B, 1, 1, Tp + max_new)`` boolean for the
+    ``"4d"`` kind, so a step's mask is one slice of it), next positions ``(B, 1)``, rope deltas
     ``(B, 1)`` (a Qwen-VL prompt) or None, penalty history ``(B, H)`` and next-token logits ``(B, V)``.
     ``mask_kind``: :func:`attention_mask_kind`."""
 
@@ -125,7 +127,7 @@ class DecodeBatch:
             keyword=filled.keyword,
             mask_kind=kind,
             cache=cache,
-            attention=attention.bool() if kind == "4d" else attention,
+            attention=attention.bool()[:, None, None] if kind == "4d" else attention,
             length=prompt_mask.shape[1],
             next_position=prompt_mask.sum(dim=1, keepdim=True),
             rope_deltas=filled.rope_deltas,
@@ -134,6 +136,10 @@ class DecodeBatch:
             history=torch.where(prompt_mask.bool(), prompt_ids, prompt_ids[:, -1:]),
             logits=filled.logits,
         )
+
+    def own(self, values: Tensor) -> Tensor:
+        """``values`` of the N rollout rows ``(N,)`` at the batch's rows ``(B,)`` (no copy while every row decodes)."""
+        return values if self.rows.numel() == self.total else values[self.rows]
 
     def full(self, values: Tensor, fill: float) -> Tensor:
         """``values`` of the batch's rows ``(B,)`` at their rollout rows ``(N,)``, ``fill`` elsewhere."""
@@ -163,9 +169,7 @@ class DecodeBatch:
         """The attention mask of the next step's forward (:func:`attention_mask_kind`)."""
         if self.mask_kind == "none":
             return None
-        if self.mask_kind == "4d":
-            return self.attention[:, None, None, : self.length]
-        return self.attention[:, : self.length]
+        return self.attention[..., : self.length]
 
     def advance(self, model: nn.Module, token: Tensor, record_history: bool) -> None:
         """Feed each row its token ``(B,)`` and keep the next-token logits."""

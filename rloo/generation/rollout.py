@@ -253,25 +253,32 @@ def generate_rollouts(
     placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
     finished = torch.zeros(total, dtype=torch.bool, device=device)
     cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
-    lengths = torch.full_like(finished, max_new_tokens, dtype=torch.long)  # of the finished rows
-    last_step = torch.full_like(lengths, max_new_tokens - 1)  # the step each row finished at
+    # the steps each row began finished (a row's length is the steps run less these), and the rows cut
+    # before a placeholder (one token shorter): one in-place add a step, where a length and a last step
+    # rewritten with torch.where took six ops (the decode step's own ops are its cost on a GPU)
+    finished_steps = torch.zeros(total, dtype=torch.long, device=device)
+    cut_short = torch.zeros_like(finished)
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
     for step in range(max_new_tokens):
         draws = step_draws(uniforms, step, batch.rows, total, params, generator)
         token, logprob = sample_next_token(batch.logits, batch.history, params, generator, draws)
-        token = torch.where(finished, pad_token_id, batch.full(token, pad_token_id))
+        token = batch.full(token, pad_token_id).masked_fill_(finished, pad_token_id)
         tokens.append(token)
         logprobs.append(batch.full(logprob, 0.0))
-        ends = ~finished & torch.isin(token, eos)
+        finished_steps += finished
+        # a finished row's EOS again changes nothing: no mask of the running rows is needed here
+        ends = torch.isin(token, eos)
         if stop is not None:
             ends |= stop(tokens, ~finished)
-        # an image placeholder in a completion would claim image features no forward has: the row
-        # ends before it, as truncated (no EOS)
-        cuts = ~finished & torch.isin(token, placeholders)
-        lengths = torch.where(ends, step + 1, torch.where(cuts, step, lengths))
-        last_step = torch.where(ends | cuts, step, last_step)
-        finished, cut = finished | ends | cuts, cut | cuts
+        if vision is not None:
+            # an image placeholder in a completion would claim image features no forward has: the row
+            # ends before it, as truncated (no EOS)
+            cuts = ~finished & torch.isin(token, placeholders)
+            cut_short |= cuts & ~ends  # ended at the same step (a stop string): its length holds
+            cut |= cuts
+            ends |= cuts
+        finished |= ends
         if step == max_new_tokens - 1:
             break
         if (step + 1) % check_every == 0:  # the one host read of this step: rows finished, in all and in the batch
@@ -281,13 +288,14 @@ def generate_rollouts(
                 break
             if compact_at is not None:
                 batch.compact(finished, compact_at, finished_in_batch)
-        batch.advance(model, token[batch.rows], params.repetition_penalty != 1.0)
+        batch.advance(model, batch.own(token), params.repetition_penalty != 1.0)
+    steps_run = len(tokens) - finished_steps  # up to and including the step each row finished at
     # the loop may have run past the step every row had finished by (it checks every check_every steps):
     # those columns are padding, dropped; in lockstep every process keeps the steps they all ran
-    width = len(tokens) if all_done is not None else int(last_step.max()) + 1
+    width = len(tokens) if all_done is not None else int(steps_run.max())
     completion_ids = torch.stack(tokens[:width], dim=1)
     logprobs = logprobs[: completion_ids.shape[1]]
-    completion_mask = completion_mask_from_lengths(lengths, completion_ids.shape[1])
+    completion_mask = completion_mask_from_lengths(steps_run - cut_short.long(), completion_ids.shape[1])
     completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
     return Rollout(
         prompt_ids=prompt_ids_k,

@@ -105,17 +105,23 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None, u: Tens
     ``i = min{i : cdf_i > u * cdf_V}`` with one uniform ``u`` per row: the same distribution
     as ``torch.multinomial``, which on CPU draws V exponentials per row (the largest cost of
     sampling with a 32k vocabulary). A token of probability 0 is never drawn: the target is
-    kept strictly below the total, and ``cdf`` does not rise at such a token. ``u``: ``(B,)``
-    uniforms to use instead of drawing them from ``generator``.
+    kept strictly below the total, and ``cdf`` does not rise at such a token. ``u``: ``(B,)`` (or
+    ``(B, 1)``) uniforms to use instead of drawing them from ``generator``.
     """
+    return _inverse_cdf(probs, generator, u).squeeze(1)
+
+
+def _inverse_cdf(probs: Tensor, generator: torch.Generator | None, u: Tensor | None) -> Tensor:
+    """:func:`sample_categorical`'s draws as a column ``(B, 1)``, the index shape ``gather`` takes."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     if u is None:
         u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
     else:
-        u = u.to(probs.dtype).unsqueeze(1)
+        u = u.to(probs.dtype)
+        u = u.unsqueeze(1) if u.dim() == 1 else u
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_next_token(
@@ -129,8 +135,8 @@ def sample_next_token(
 
     Args:
         logits: ``(B, V)`` raw next-token logits. history: ``(B, L)`` ids seen so far.
-        uniforms: ``(B,)`` the draw of each row (see :func:`completion_uniforms`), or None to
-            draw from ``generator``.
+        uniforms: ``(B,)`` or ``(B, 1)`` the draw of each row (see :func:`completion_uniforms`), or
+            None to draw from ``generator``.
 
     Returns:
         ``(tokens (B,), logprobs (B,))`` with ``logprobs = log_softmax(logits / T)[token]``.
@@ -151,6 +157,7 @@ def sample_next_token(
         processed = apply_repetition_penalty(logits, history, params.repetition_penalty) / params.temperature
         processed = apply_min_p(apply_top_p(apply_top_k(processed, params.top_k), params.top_p), params.min_p)
         probs = torch.softmax(processed, dim=-1)
-    tokens = sample_categorical(probs, generator, uniforms)
-    logprobs = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse.squeeze(1)
-    return tokens, logprobs
+    tokens = _inverse_cdf(probs, generator, uniforms)  # (B, 1): gathered without an unsqueeze
+    # z[y] - lse per row, the same float32 subtraction as log_softmax's entry: its value exactly
+    logprobs = scaled.gather(1, tokens) - lse
+    return tokens.squeeze(1), logprobs.squeeze(1)
