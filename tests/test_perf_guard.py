@@ -8,6 +8,7 @@ asks (a warning) for a new baseline. A change that raises a count on purpose rew
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -58,6 +59,16 @@ def test_a_decode_step_costs_fewer_ops_and_syncs_than_generates(collected: dict[
         generate = collected["reference"][name]
         for count in ("ops_per_step", "non_view_ops_per_step", "syncs_per_step"):
             assert counts[f"decode/{count}"] < generate[f"decode/generate_{count}"], (name, count, counts, generate)
+
+
+def test_the_kl_rewards_policy_side_is_the_old_log_prob_pass_where_that_runs(collected: dict[str, Any]) -> None:
+    # num_iterations=2 runs the old log-prob pass anyway: the KL reward's policy side is its result, so beta > 0
+    # adds the reference's forwards and none of the policy's (it already was: no forward to win back here)
+    without_kl, _ = perf_counts.train_counts(dataclasses.replace(CASES["varied"], beta=0.0))
+    with_kl = collected["counts"]["varied"]
+    policy = with_kl["logprobs/forwards"] - with_kl["logprobs/reference_forwards"]
+    assert with_kl["logprobs/reference_forwards"] > 0 and without_kl["logprobs/reference_forwards"] == 0
+    assert policy == without_kl["logprobs/forwards"] > 0
 
 
 def rose(base: dict[str, float], now: dict[str, float], case: str) -> list[str]:
