@@ -315,8 +315,7 @@ def head_kernel(head: nn.Module, device: torch.device, softcap: float | None) ->
     asked = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if asked and asked not in KERNELS:
         raise ValueError(
-            f"{KERNEL_VARIABLE}={asked!r}: expected one of {list(KERNELS)}, or unset it "
-            "(the chunked head)"
+            f"{KERNEL_VARIABLE}={asked!r}: expected one of {list(KERNELS)}, or unset it (the chunked head)"
         )
     weight = getattr(head, "weight", None)
     if softcap is not None or type(head) is not nn.Linear or weight is None or weight.device != device:
