@@ -213,7 +213,7 @@ def test_bad_generation_kwargs_name_the_key_and_the_fix(tmp_path: Path, kwargs: 
 def test_generation_kwargs_with_a_field_of_their_own_set_it(tmp_path: Path) -> None:
     # TRL's generation_kwargs={"top_k": 50, ...} was refused before issue 24; now it sets the field
     kwargs = {"do_sample": True, "top_k": 50, "max_new_tokens": 5, "num_beams": 1}
-    args = config(tmp_path, max_completion_length=256, generation_kwargs=kwargs)  # 256: the field's default
+    args = config(tmp_path, max_completion_length=512, generation_kwargs=kwargs)  # 512: the field's default
     assert (args.top_k, args.max_completion_length, dict(args.generation_kwargs or {})) == (50, 5, {})
     assert args.replace(top_k=3).top_k == 3
     with pytest.raises(ValueError, match=r"generation_kwargs=\{'top_k': 50\} and top_k=3: give the value once"):
