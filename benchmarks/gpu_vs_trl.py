@@ -45,7 +45,7 @@ SIZES = {"prompt": 512, "varied_prompts": [384, 512], "completion": 256, "reach"
 QUICK_SIZES = {"prompt": 16, "varied_prompts": [10, 16], "completion": 8, "reach": 0.3, "vocab": 256}
 # rloo: cuDNN attention off, TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, the captured decode step with the fused LM head;
 # TRL: use_transformers_continuous_batching
-VARIANTS = ("as-is", "cudnn-off", "avoid-recompile", "graphs-fused", "cb")
+VARIANTS = ("as-is", "torch-order", "cudnn-off", "avoid-recompile", "graphs-fused", "cb")
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -170,6 +170,10 @@ def run_case(spec: Spec, out: Path, key: str) -> bool:
 def run(options: argparse.Namespace) -> int:
     from accelerate.state import AcceleratorState
 
+    if options.variant in ("torch-order", "avoid-recompile"):
+        # rloo's loop prefers flash and efficient attention to cuDNN (rloo/generation/attention_backend.py):
+        # these variants keep torch's own order (cuDNN first on SM 9.0/10.0), the suspect of the bf16 slowdown
+        os.environ["RLOO_SDPA_PRIORITY"] = "torch"
     if options.variant == "cudnn-off":
         torch.backends.cuda.enable_cudnn_sdp(False)
     if options.variant == "avoid-recompile" and os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") != "1":

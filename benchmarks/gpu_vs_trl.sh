@@ -64,10 +64,11 @@ part rloo-fixed 90 "${run[@]}" rloo fixed "$MODELS" "$OUT/rloo.json" --batches $
 part trl-fixed 90 "${run[@]}" trl fixed "$MODELS" "$OUT/trl.json" --batches $BATCHES --profile
 part rloo-varied 40 "${run[@]}" rloo varied "$MODELS" "$OUT/rloo.json" --batches $BATCHES
 part trl-varied 45 "${run[@]}" trl varied "$MODELS" "$OUT/trl.json" --batches $BATCHES
-part ab-cudnn-off 50 "${run[@]}" rloo fixed,varied "$MODELS" "$OUT/ab.json" --batches 2 --variant cudnn-off
+# rloo as is prefers flash/efficient attention to cuDNN; torch-order runs torch's own order (cuDNN first on H100/H200)
+part ab-torch-order 50 "${run[@]}" rloo fixed,varied "$MODELS" "$OUT/ab.json" --batches 2 --variant torch-order
 part ab-avoid-recompile 35 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant avoid-recompile
 part trl-cb 30 "${run[@]}" trl fixed "$MODELS" "$OUT/trl.json" --batches 2 --variant cb
-part repro-cudnn-on 40 $PY benchmarks/async_overlap.py "${REPRO[@]}" --only "synchronous;synchronous, fp32" \
+part repro-cudnn-on 40 env RLOO_SDPA_PRIORITY=torch $PY benchmarks/async_overlap.py "${REPRO[@]}" --only "synchronous;synchronous, fp32" \
     --out "$OUT/repro.json" --merge
 part repro-cudnn-off 25 $PY benchmarks/async_overlap.py "${REPRO[@]}" --only synchronous --no-cudnn-sdp \
     --out "$OUT/repro.json" --merge
