@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import os
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,6 +274,10 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"run file {str(file)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"run file {str(file)!r} must be a YAML mapping of keys to values")
+    # its module:function rewards, tools and hooks may live next to it (as a script's imports), wherever rloo runs
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     return loaded
 
 

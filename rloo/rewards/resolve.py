@@ -159,7 +159,8 @@ def import_callable(spec: str, what: str = "reward") -> Any:
     if not _IMPORT_STRING.fullmatch(spec):
         raise ValueError(f"{what} {spec!r} is not an import string: write 'package.module:function'")
     module_name, _, attr_path = spec.partition(":")
-    # a module next to the run file is importable without PYTHONPATH=. (as in TRL's CLI)
+    # a module in the current directory is importable without PYTHONPATH=. (as in TRL's CLI); one next to a run
+    # file is too (rloo.cli.run_file.read_run_file puts its folder on the path)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -39,3 +39,26 @@ def test_rloo_train_logs_the_hooks_metrics_and_records_it_for_a_rerun(tmp_path: 
     assert evaluated[0]["eval_reward_mean"] == pytest.approx(evaluated[0]["eval_reward"], rel=1e-6)
     recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert recorded["compute_metrics"] == ANSWER_METRICS
+
+
+def test_a_module_next_to_the_run_file_is_importable_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # README: "a module next to the run file is importable"; it was looked for in the current directory only
+    import sys
+
+    from rloo.cli.run_file import read_run_file
+    from rloo.rewards.resolve import import_callable
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "next_to_the_run_file.py").write_text(
+        "def score(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    (folder / "run.yaml").write_text("reward_funcs: [next_to_the_run_file:score]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the run file's folder joins a copy, undone after
+    read_run_file(folder / "run.yaml")
+    assert import_callable("next_to_the_run_file:score")(["a", "b"]) == [1.0, 1.0]
