@@ -96,6 +96,21 @@ class _TrainCommand(TyperCommand):
         super().format_help(ctx, formatter)
 
 
+class _EitherSpelling(TyperCommand):
+    """A command whose own options take ``--num_generations`` as well as ``--num-generations``, as ``rloo train``
+    takes every field both ways (TRL's flags are snake_case); other flags pass through unchanged."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        own = {name for param in self.params for name in getattr(param, "opts", [])}
+
+        def spelled(arg: str) -> str:
+            name, sep, value = arg.partition("=")
+            dashed = "--" + name[2:].replace("_", "-")
+            return dashed + sep + value if arg.startswith("--") and name not in own and dashed in own else arg
+
+        return super().parse_args(ctx, [spelled(arg) for arg in args])
+
+
 @app.command(cls=_TrainCommand, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 def train(
     arguments: list[str] = typer.Argument(
@@ -170,7 +185,7 @@ def train(
         raise typer.Exit(code) from None
 
 
-@app.command("eval")
+@app.command("eval", cls=_EitherSpelling)
 def evaluate(
     model: str = typer.Option(..., help="Model folder, checkpoint folder or hub id."),
     dataset: str = typer.Option(
@@ -388,7 +403,7 @@ def demo_tools(
     )
 
 
-@app.command()
+@app.command(cls=_EitherSpelling, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 def plan(
     arguments: list[str] = typer.Argument(
         None, metavar="[RUN.yaml] [key=value]... [--field value]...", help="The run, as `rloo train` takes it."

@@ -193,3 +193,14 @@ def test_a_run_files_compute_metrics_is_used_and_a_failing_one_is_one_line(
         in flat(failed.stderr)
     )
     assert "Traceback" not in failed.output
+
+
+def test_evals_options_take_either_spelling() -> None:
+    # rloo train takes --num_generations and --num-generations; eval took only the second
+    from typer.main import get_command
+
+    from rloo.cli.commands import app
+
+    command = get_command(app).commands["eval"]  # type: ignore[attr-defined]
+    context = command.make_context("eval", ["--model", "m", "--dataset", "d", "--num_generations", "3"])
+    assert context.params["num_generations"] == 3

@@ -128,3 +128,16 @@ def test_plan_without_a_run_file_says_what_to_give() -> None:
     result = invoke("plan")
     assert result.exit_code == 2, result.output
     assert "give a run file" in flat(result.stderr)
+
+
+def test_plan_takes_field_flags_and_its_own_options_in_either_spelling(tmp_path: Path, model_dir: Path) -> None:
+    # the usage line advertises --field value; they were refused, and --prompt_length was not its option
+    result = invoke(
+        "plan", run_file(tmp_path, model_dir), "--beta", "0.1", "--num_generations", "8", "--prompt_length", "100"
+    )
+    assert result.exit_code == 0, result.output
+    dashed = invoke(
+        "plan", run_file(tmp_path, model_dir), "--beta", "0.1", "--num-generations", "8", "--prompt-length", "100"
+    )
+    assert flat(dashed.output) == flat(result.output)  # the same plan either way
+    assert flat(result.output) != flat(invoke("plan", run_file(tmp_path, model_dir)).output)  # the flags count
