@@ -281,7 +281,7 @@ def _column_renames(items: list[str]) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in items) or None
 
 
-@app.command()
+@app.command(cls=_EitherSpelling)
 def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> None:
     """(Re)build RUN_DIR/report.html from the run's metrics and completions."""
     from rloo.cli.report import build_report
@@ -303,7 +303,7 @@ def _demo_folder(output_dir: str | None, default: str) -> str:
     return output_dir
 
 
-@app.command()
+@app.command(cls=_EitherSpelling)
 def demo(
     steps: int = typer.Option(500, help="RLOO steps (the control takes as many supervised steps)."),
     num_generations: int = typer.Option(4, help="Completions per prompt (K)."),
@@ -351,7 +351,7 @@ def demo(
     )
 
 
-@app.command("demo-tools")
+@app.command("demo-tools", cls=_EitherSpelling)
 def demo_tools(
     steps: int = typer.Option(40, help="RLOO steps (the control takes as many supervised steps)."),
     num_generations: int = typer.Option(4, help="Episodes per prompt (K)."),
@@ -446,7 +446,7 @@ def vllm_serve(ctx: typer.Context) -> None:
     os.execv(python, [python, "-m", "rloo.generation.vllm_server", *ctx.args])
 
 
-@app.command()
+@app.command(cls=_EitherSpelling)
 def bandit(
     num_groups: int = typer.Option(20000, help="Groups of K samples per estimate."),
     seed: int = typer.Option(0, help="Random seed."),

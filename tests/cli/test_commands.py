@@ -459,3 +459,14 @@ def test_eval_formats_prompts_as_training_did(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr("datasets.load_dataset", hub)
     eval_inputs(None, dataset="org/sums", name="main", **{**common, "columns": None})
     assert asked == {"path": "org/sums", "name": "main", "split": "train"}
+
+
+def test_every_subcommands_options_take_either_spelling() -> None:
+    from typer.main import get_command
+
+    from rloo.cli.commands import app
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    context = commands["demo"].make_context("demo", ["--num_generations", "3", "--hidden_size", "64"])
+    assert (context.params["num_generations"], context.params["hidden_size"]) == (3, 64)
+    assert commands["bandit"].make_context("bandit", ["--num_groups", "5"]).params["num_groups"] == 5
