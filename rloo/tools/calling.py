@@ -45,11 +45,27 @@ class Toolbox:
                 raise ValueError(f"tools: {tool!r} is not a function; give functions (or an environment's methods)")
             if name in self.tools and self.tools[name] != tool:  # a bound method is a new object each access
                 raise ValueError(f"tools: two tools are named {name!r}; the model calls them by name, so rename one")
+            check_describable(tool, name)
             self.tools[name] = tool
 
     @property
     def functions(self) -> list[Callable[..., Any]]:
         return list(self.tools.values())
+
+
+def check_describable(tool: Callable[..., Any], name: str) -> None:
+    """Refuse, naming it, a tool the chat template cannot describe to the model: its JSON schema (transformers'
+    ``get_json_schema``, what ``apply_chat_template(tools=...)`` calls) needs a docstring with an ``Args:``
+    section and a type hint on every argument. Checked when the trainer is built, not at the first rollout."""
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    try:
+        get_json_schema(tool)
+    except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
+        raise ValueError(
+            f"tools: {name!r} cannot be described to the model ({error}); give it a Google-style docstring (a "
+            "summary line and an Args: section naming every argument) and a type hint on every argument"
+        ) from None
 
 
 def run_tool_calls(

@@ -135,6 +135,7 @@ class RLOOTrainer(CallbackMethods):
             train_dataset, eval_dataset, evaluation_setting(args), args.remove_unused_columns
         )
 
+        agent = AgentSettings.from_config(args, tools, environment_factory, lockstep=self.ranks.lockstep)
         policy, self.ref_model = prepare_policy(
             model,
             init_kwargs=args.from_pretrained_kwargs,
@@ -146,8 +147,7 @@ class RLOOTrainer(CallbackMethods):
         )
         datasets = (self.train_dataset, self.eval_dataset)  # a processor when they hold images
         self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
-        # tools / environments: multi-turn episodes; an environment's get_reward is a reward function
-        agent = AgentSettings.from_config(args, tools, environment_factory, lockstep=self.ranks.lockstep)
+        # tools / environments (checked above, before the model loads): an environment's get_reward is a reward
         rewards = (reward_funcs, reward_model, reward_processing_classes)  # rollout_func: columns of its own
         self.rewards = run_rewards(args, agent, *rewards, None if rollout_func else self.train_dataset, self.warn)
         self.reward_funcs = self.rewards.funcs  # TRL's attributes

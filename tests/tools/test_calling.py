@@ -336,3 +336,43 @@ def test_the_same_bound_method_twice_is_one_tool() -> None:
 
     environment = Environment()
     assert len(Toolbox([environment.look, environment.look]).functions) == 1
+
+
+def test_a_tool_the_template_cannot_describe_is_refused_before_the_model_loads(tmp_path: Any) -> None:
+    # it failed at the first rollout, after the model loaded, with transformers' DocstringParsingException
+    from rloo import RLOOConfig, RLOOTrainer
+    from rloo.tools.calling import Toolbox
+
+    def undocumented(a: int) -> int:
+        return a
+
+    def untyped(a):  # type: ignore[no-untyped-def]
+        """Echo.
+
+        Args:
+            a: The value.
+        """
+        return a
+
+    with pytest.raises(ValueError, match=r"tools: 'undocumented' cannot be described to the model .*docstring"):
+        Toolbox([undocumented])
+    with pytest.raises(ValueError, match=r"tools: 'untyped' cannot be described to the model .*type hint"):
+        Toolbox([untyped])
+
+    def not_a_model(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the model was loaded before the tools were checked")
+
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), num_generations=2, per_device_train_batch_size=2)
+    data = [{"prompt": [{"role": "user", "content": "hi"}]}]
+    import rloo.training.trainer as trainer_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module, "prepare_policy", not_a_model)
+        with pytest.raises(ValueError, match="'undocumented' cannot be described"):
+            RLOOTrainer(
+                "some/model",
+                lambda completions, **k: [0.0] * len(completions),
+                args=args,
+                train_dataset=data,
+                tools=[undocumented],
+            )
