@@ -221,17 +221,16 @@ def shared_prompt_logprobs(
     completion_mask: Tensor,
     score: ChunkScore,
     with_entropy: bool,
-    chunk_elements: int | None = None,
-    completion_lengths: list[int] | None = None,
-    groups: tuple[Tensor, Tensor] | None = None,
+    chunk_elements: int | None,
+    completion_lengths: list[int],
+    groups: tuple[Tensor, Tensor] | None,
 ) -> Logprobs | None:
     """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.generation.logprobs.completion_logprobs`
     (text rows, no aux loss), each distinct prompt run once and the completions in length buckets;
-    None where the plain pass must run. ``completion_lengths``: each row's, up to its last real token,
-    where the caller has read them on the host (else read here); ``groups``: :func:`distinct_prompts` of
-    the rows, where the caller has them."""
+    None where the plain pass must run. What the pass's layout choice read
+    (:class:`rloo.generation.packing.LayoutChoice`): ``completion_lengths``, each row's up to its last real
+    token, and ``groups``, :func:`distinct_prompts` of the rows (None: no prompt repeats)."""
     head = chunkable_head(model)
-    groups = groups if groups is not None else distinct_prompts(prompt_ids, prompt_mask)
     if head is None or groups is None or not may_share(model):
         return None
     first, inverse = groups
@@ -247,9 +246,6 @@ def shared_prompt_logprobs(
         return chunked_head_logprobs(model, head, hidden, ids, mask, score, with_entropy, chunk_elements)
 
     lengths = completion_lengths
-    if lengths is None:
-        columns = torch.arange(1, completion_mask.shape[1] + 1, device=completion_mask.device)
-        lengths = torch.where(completion_mask.bool(), columns, 0).amax(dim=1).tolist()  # up to the last real token
     # the completion forward holds each row's tokens but its last (the first is predicted by the prompt's)
     buckets = length_buckets([max(length - 1, 0) for length in lengths], forward_overhead(model))
     if len(buckets) == 1:  # one completion forward over every row, as wide as the pass
