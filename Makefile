@@ -95,11 +95,11 @@ perf-baseline: $(STAMP)
 
 # The model-family and trainer tests against the newest transformers/accelerate/peft/datasets on
 # the package index, or against pyproject's lower bounds, each in a venv of its own
-# (tools/check_dependencies.py); run on purpose, before raising a bound or the lock.
+# (scripts/check_dependencies.py); run on purpose, before raising a bound or the lock.
 test-newest:
-	$(PYTHON) tools/check_dependencies.py newest
+	$(PYTHON) scripts/check_dependencies.py newest
 test-oldest:
-	$(PYTHON) tools/check_dependencies.py oldest
+	$(PYTHON) scripts/check_dependencies.py oldest
 
 # Record .venv's versions as the tested ones, after `make test` passed on them (torch and triton, which
 # CUDA torch pins, are left to the machine).

@@ -149,7 +149,7 @@ def test_state_space_sampling_uses_no_deprecated_transformers_api() -> None:
 @pytest.mark.parametrize("which", ["newest", "oldest"])
 def test_family_and_trainer_tests_pass_on_other_versions(which: str) -> None:
     """`make test-newest` / `make test-oldest`: installs a venv of its own (minutes, needs the index)."""
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "check_dependencies.py"), which], cwd=ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_dependencies.py"), which], cwd=ROOT)
     assert done.returncode == 0
 
 

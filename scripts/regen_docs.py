@@ -1,6 +1,6 @@
 """Rewrite the generated parts of README.md: the config field table and the health thresholds.
 
-Run after adding or changing a config field: ``.venv/bin/python tools/regen_readme.py``
+Run after adding or changing a config field: ``.venv/bin/python scripts/regen_docs.py``
 (tests/config/test_docs.py and tests/training/monitoring/test_health.py fail until the README matches).
 """
 

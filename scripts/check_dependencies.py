@@ -1,7 +1,7 @@
 """Run the model-family and trainer tests against other versions of the machine-learning stack.
 
-    python tools/check_dependencies.py newest   # the newest releases on the package index
-    python tools/check_dependencies.py oldest   # pyproject.toml's lower bounds (requirements/oldest.txt)
+    python scripts/check_dependencies.py newest   # the newest releases on the package index
+    python scripts/check_dependencies.py oldest   # pyproject.toml's lower bounds (requirements/oldest.txt)
 
 Each installs into a venv of its own (``.venv-deps-<which>``, reused and brought up to date on the
 next run), prints the versions it got next to the tested ones (``requirements/tested.txt``), runs

@@ -1,6 +1,6 @@
 """Fingerprints of the final weights of short runs, to show a restructuring changes no behaviour.
 
-``python tools/weights_fingerprint.py [--out FILE]`` trains the tiny offline model a few steps in several
+``python scripts/weights_fingerprint.py [--out FILE]`` trains the tiny offline model a few steps in several
 configurations (default; KL with several iterations; KL in the loss with gradient accumulation; rollout
 workers with staleness; tools with LoRA) and prints one SHA-256 of the final trainable weights per
 configuration as JSON. Run it before and after a change that should not alter training and compare the two
