@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -217,11 +218,7 @@ def _defined(group_count: Tensor, scorable: Tensor, mean_level: Level, std_level
 def rows_with_baseline(estimator: str, group_ids: Tensor, scorable: Tensor) -> Tensor:
     """``(N,)`` bool: the rows ``estimator`` (a registered name) defines an advantage for; the rest
     got 0 from it and belong in no batch statistic (:func:`normalize_advantages`' ``scorable``)."""
-    mean_level, std_level = _LEVELS[estimator]
-    index, num_groups = _dense_group_index(group_ids)
-    return _defined(
-        _per_sample_group_sum(scorable.to(torch.float64), index, num_groups), scorable, mean_level, std_level
-    )
+    return get_advantage_estimator(estimator).rows_with_baseline(group_ids, scorable)
 
 
 def normalize_advantages(
@@ -241,17 +238,71 @@ def normalize_advantages(
     return torch.where(scorable, whitened, 0.0)
 
 
-class AdvantageEstimator(Protocol):
-    """The one signature every registered estimator has."""
+class AdvantageFunction(Protocol):
+    """The one signature every estimator's function has (``eps``, ``stats``: as in :func:`compute_advantages`)."""
 
     def __call__(
         self, rewards: Tensor, group_ids: Tensor, scorable: Tensor, *, eps: float = ..., stats: BatchStats = ...
     ) -> Tensor: ...
 
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator: its function, and where its baseline and its scale are taken, which is what
+    the rest of the step reads about it (which rows get an advantage, whether a group of equal rewards gets 0).
+    ``baseline`` / ``scale``: ``group`` (each row's prompt group), ``batch`` or ``none``.
+
+    Called as its function is: ``estimator(rewards, group_ids, scorable, eps=..., stats=...)`` -> ``(N,)``.
+    """
+
+    function: AdvantageFunction
+    baseline: Level
+    scale: Level
+
+    def __post_init__(self) -> None:
+        if self.baseline not in LEVELS or self.scale not in LEVELS:
+            raise ValueError(f"baseline and scale must be one of {LEVELS}, got {self.baseline!r}, {self.scale!r}")
+
+    @classmethod
+    def variant(cls, mean_level: Level, leave_one_out: bool, std_level: Level) -> AdvantageEstimator:
+        """:func:`compute_advantages` with these knobs."""
+        function = functools.partial(
+            compute_advantages, mean_level=mean_level, leave_one_out=leave_one_out, std_level=std_level
+        )
+        return cls(function, baseline=mean_level, scale=std_level)
+
+    def __call__(self, rewards: Tensor, group_ids: Tensor, scorable: Tensor, **options: Any) -> Tensor:
+        return self.function(rewards, group_ids, scorable, **options)
+
+    @property
+    def group_baseline(self) -> bool:
+        """Whether it subtracts a per-group baseline, so that a group whose rewards are all equal gets 0."""
+        return self.baseline == "group"
+
+    def rows_with_baseline(self, group_ids: Tensor, scorable: Tensor) -> Tensor:
+        """``(N,)`` bool: the rows it defines an advantage for: scorable, and, where its baseline or scale is
+        per group, in a group of at least 2 scorable rows (:func:`_defined`)."""
+        index, num_groups = _dense_group_index(group_ids)
+        counts = _per_sample_group_sum(scorable.to(torch.float64), index, num_groups)
+        return _defined(counts, scorable, self.baseline, self.scale)
+
+
+class EstimatorRegistry(Registry[AdvantageEstimator]):
+    """The advantage estimators: each entry an :class:`AdvantageEstimator`, so its properties travel with it."""
+
+    def add(self, name: str, entry: AdvantageEstimator, formula: str) -> AdvantageEstimator:
+        if not isinstance(entry, AdvantageEstimator):
+            raise TypeError(
+                f"advantage estimator {name!r}: register AdvantageEstimator(function, baseline=..., scale=...) "
+                f"(each one of {LEVELS}), not a {type(entry).__name__}: the step reads where its baseline is "
+                "taken (which rows get an advantage, whether dynamic sampling may drop a group)"
+            )
+        return super().add(name, entry, formula)
+
+
+ADVANTAGE_ESTIMATORS = EstimatorRegistry("advantage estimator")
 # name, compute_advantages knobs (mean_level, leave_one_out, std_level), printed formula
-_ESTIMATORS: tuple[tuple[str, Level, bool, Level, str], ...] = (
+_VARIANTS: tuple[tuple[str, Level, bool, Level, str], ...] = (
     ("rloo", "group", True, "none", "A_i = R_i - 1/(K-1) sum_{j!=i} R_j"),  # Ahmadian et al. 2024; TRL
     ("grpo", "group", False, "group", "A_i = (R_i - mean_group R) / (std_group R + 1e-4)"),  # Shao et al. 2024
     ("group_mean", "group", False, "none", "A_i = R_i - mean_group R"),  # Dr. GRPO: no std scaling
@@ -259,11 +310,8 @@ _ESTIMATORS: tuple[tuple[str, Level, bool, Level, str], ...] = (
     ("reinforce_pp", "batch", False, "batch", "A_i = (R_i - mean_batch R) / (std_batch R + 1e-4)"),  # Hu 2025
     ("reinforce_pp_baseline", "group", False, "batch", "A_i = (R_i - mean_group R) / (std_batch R + 1e-4)"),
 )
-_LEVELS: dict[str, tuple[Level, Level]] = {}
-for _name, _mean, _loo, _std, _formula in _ESTIMATORS:
-    _estimator = functools.partial(compute_advantages, mean_level=_mean, leave_one_out=_loo, std_level=_std)
-    ADVANTAGE_ESTIMATORS.add(_name, _estimator, _formula)
-    _LEVELS[_name] = (_mean, _std)
+for _name, _mean, _loo, _std, _formula in _VARIANTS:
+    ADVANTAGE_ESTIMATORS.add(_name, AdvantageEstimator.variant(_mean, _loo, _std), _formula)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
@@ -298,4 +346,4 @@ def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor, scorable: Tensor, a
 def group_baseline(estimator: str) -> bool:
     """Whether ``estimator`` (a registered name) subtracts a per-group baseline, so that a group whose
     rewards are all equal gets advantage 0 (``rloo``, ``grpo``, ``group_mean``, ``reinforce_pp_baseline``)."""
-    return _LEVELS[estimator][0] == "group"
+    return get_advantage_estimator(estimator).group_baseline

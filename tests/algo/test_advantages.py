@@ -9,9 +9,12 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from rloo.algo import advantages
 from rloo.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     LEVELS,
+    AdvantageEstimator,
+    EstimatorRegistry,
     clip_rewards,
     combine_rewards,
     compute_advantages,
@@ -20,6 +23,7 @@ from rloo.algo.advantages import (
     group_baseline,
     groups_with_signal,
     normalize_advantages,
+    rows_with_baseline,
 )
 
 NAN = float("nan")
@@ -541,3 +545,67 @@ def test_group_baseline_names_the_estimators_that_zero_an_equal_group() -> None:
     for name in ADVANTAGE_ESTIMATORS:  # what the name promises: group 0 gets 0 exactly when it has one
         zeroed = bool((get_advantage_estimator(name)(equal, groups, scorable)[:2] == 0).all())
         assert zeroed == group_baseline(name), name
+
+
+# --------------------------------------------------------------------------- a new estimator
+
+
+def median_baseline(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scorable: torch.Tensor, *, eps: float = EPS, stats: object = None
+) -> torch.Tensor:
+    """``A_i = r_i - median of i's group`` (scorable rows; 0 in a group of fewer than 2): no compute_advantages knob."""
+    out = torch.zeros_like(rewards)
+    for group in group_ids.unique():
+        rows = (group_ids == group) & scorable
+        if rows.sum() >= 2:
+            out[rows] = rewards[rows] - rewards[rows].median()
+    return out
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> EstimatorRegistry:
+    """A copy of the registry for one test (entries cannot be removed from the real one)."""
+    fresh = EstimatorRegistry("advantage estimator")
+    for name in ADVANTAGE_ESTIMATORS:
+        fresh.add(name, ADVANTAGE_ESTIMATORS[name], ADVANTAGE_ESTIMATORS.formula(name))
+    monkeypatch.setattr(advantages, "ADVANTAGE_ESTIMATORS", fresh)
+    return fresh
+
+
+def test_an_estimator_that_is_no_compute_advantages_variant_carries_its_own_properties(
+    registry: EstimatorRegistry,
+) -> None:
+    # before, the properties sat in a side table keyed by the built-in names: rows_with_baseline and
+    # group_baseline raised KeyError for any other estimator
+    registry.add("median", AdvantageEstimator(median_baseline, baseline="group", scale="none"), "A_i = R_i - med_g R")
+    rewards, groups = t([1.0, 2.0, 6.0, 3.0, 5.0]), torch.tensor([0, 0, 0, 1, 1])
+    scorable = torch.tensor([True, True, True, True, False])  # group 1 keeps one scorable row
+    adv = get_advantage_estimator("median")(rewards, groups, scorable)
+    close(adv, [-1.0, 0.0, 4.0, 0.0, 0.0])
+    assert rows_with_baseline("median", groups, scorable).tolist() == [True, True, True, False, False]
+    assert group_baseline("median")
+    close(normalize_advantages(adv, rows_with_baseline("median", groups, scorable))[3:], [0.0, 0.0])
+    registry.add("raw", AdvantageEstimator(median_baseline, baseline="none", scale="none"), "A_i = R_i - med_g R")
+    assert rows_with_baseline("raw", groups, scorable).tolist() == scorable.tolist()
+    assert not group_baseline("raw")
+
+
+def test_an_estimator_is_registered_with_its_properties(registry: EstimatorRegistry) -> None:
+    with pytest.raises(TypeError, match=r"register AdvantageEstimator\(function, baseline=\.\.\., scale=\.\.\.\)"):
+        registry.add("bare", median_baseline, "A_i = R_i - med_g R")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="baseline and scale must be one of"):
+        AdvantageEstimator(median_baseline, baseline="prompt", scale="none")  # type: ignore[arg-type]
+
+
+def test_the_built_in_estimators_declare_their_baselines() -> None:
+    declared = {
+        name: (ADVANTAGE_ESTIMATORS[name].baseline, ADVANTAGE_ESTIMATORS[name].scale) for name in REGISTRY_EXPECTED
+    }
+    assert declared == {
+        "rloo": ("group", "none"),
+        "grpo": ("group", "group"),
+        "group_mean": ("group", "none"),
+        "reinforce": ("none", "none"),
+        "reinforce_pp": ("batch", "batch"),
+        "reinforce_pp_baseline": ("group", "batch"),
+    }
