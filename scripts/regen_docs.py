@@ -1,7 +1,8 @@
-"""Rewrite the generated parts of README.md: the config field table and the health thresholds.
+"""Rewrite the generated parts of the docs pages: the config field table (docs/configuration.md) and the
+health monitors' thresholds (docs/reliability.md), each between its markers.
 
-Run after adding or changing a config field: ``.venv/bin/python scripts/regen_docs.py``
-(tests/config/test_docs.py and tests/training/monitoring/test_health.py fail until the README matches).
+Run after adding or changing a config field or a threshold: ``.venv/bin/python scripts/regen_docs.py``
+(tests/config/test_docs.py and tests/training/monitoring/test_health.py fail until the pages match).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT))
 
 
@@ -19,19 +21,23 @@ def replace_between(text: str, start: str, end: str, body: str) -> str:
     return text[:i] + body + text[j:]
 
 
+def rewrite(page: Path, start: str, end: str, body: str) -> None:
+    page.write_text(replace_between(page.read_text(), start, end, body))
+
+
 def main() -> None:
     from rloo.config.health import thresholds_markdown
 
-    readme = ROOT / "README.md"
     table = subprocess.run(
         [sys.executable, "-m", "rloo.config"], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout.strip()
-    text = readme.read_text()
-    text = replace_between(text, "<!-- config-fields:start -->", "<!-- config-fields:end -->", f"\n{table}\n")
-    text = replace_between(
-        text, "<!-- health-thresholds:start -->\n", "\n<!-- health-thresholds:end -->", thresholds_markdown()
+    rewrite(DOCS / "configuration.md", "<!-- config-fields:start -->", "<!-- config-fields:end -->", f"\n{table}\n")
+    rewrite(
+        DOCS / "reliability.md",
+        "<!-- health-thresholds:start -->\n",
+        "\n<!-- health-thresholds:end -->",
+        thresholds_markdown(),
     )
-    readme.write_text(text)
 
 
 if __name__ == "__main__":

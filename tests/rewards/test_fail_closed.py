@@ -191,9 +191,9 @@ def test_a_working_sandbox_needs_no_opt_out() -> None:
 
 
 @pytest.mark.usefixtures("no_bwrap")
-def test_the_readme_shows_the_message_rloo_train_prints() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (shown,) = re.findall(r"```\n(error: refusing to run the code_execution reward.*?)```", readme, flags=re.S)
+def test_the_docs_show_the_message_rloo_train_prints() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    (shown,) = re.findall(r"```\n(error: refusing to run the code_execution reward.*?)```", page, flags=re.S)
     with pytest.raises(SandboxUnavailable) as refused:
         code_execution_reward()
     assert flat(shown) == flat(f"error: {refused.value}")
