@@ -1,5 +1,5 @@
 """The health monitors on normal runs: how often each fires, and whether ``loss_spike`` catches an
-injected gradient-norm spike (README, "Health monitors", quotes its numbers).
+injected gradient-norm spike (docs/reliability.md, "Health monitors", quotes its numbers).
 
     .venv/bin/python benchmarks/health_calibration.py                 # 51 runs, ~10 min on 2 idle cores
     .venv/bin/python benchmarks/health_calibration.py --out runs/calib --quick   # 4 runs

@@ -20,7 +20,7 @@
 """
 NuminaMath example: RLOO on math dataset.
 
-  pip install -e PATH_TO_RLOO_CLONE peft   # rloo is not on the package index (README: Installing into your environment)
+  pip install -e PATH_TO_RLOO_CLONE peft   # rloo is not on the package index (docs/installation.md)
   accelerate launch examples/trl_rloo.py
 """
 

@@ -44,7 +44,7 @@ def test_rloo_train_logs_the_hooks_metrics_and_records_it_for_a_rerun(tmp_path: 
 def test_a_module_next_to_the_run_file_is_importable_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # README: "a module next to the run file is importable"; it was looked for in the current directory only
+    # docs/reliability.md: "a module next to the run file is importable"; it was looked for in the cwd only
     import sys
 
     from rloo.cli.run_file import read_run_file
