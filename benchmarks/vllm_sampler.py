@@ -21,7 +21,7 @@ import torch
 
 from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
-from rloo.generation.vllm_client import VLLMClient, serving
+from rloo.generation.vllm.client import VLLMClient, serving
 from rloo.tiny import save_tiny_model
 
 PROMPTS, PROMPT_TOKENS, K, NEW_TOKENS = 16, 64, 4, 128

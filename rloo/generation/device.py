@@ -1,4 +1,5 @@
-"""Where a model computes: the device of its parameters, or, for parameters FSDP2 sharded and offloaded
+"""What the sampler and the passes ask of a model: whether it is a peft model (:func:`is_peft_model`), and
+where it computes (:func:`model_device`): the device of its parameters, or, for parameters FSDP2 sharded and offloaded
 to CPU memory (``fsdp_offload_params``), the device of their mesh, where each layer's parameters are
 gathered to run. Inputs the sampler and the passes build go there (a CPU tensor would meet the GPU's
 activations). Its parameters' ``.device`` would say "cpu" there, which is what ms-swift#9844 fixed too.
@@ -27,3 +28,12 @@ def model_device(model: nn.Module) -> torch.device:
     if mesh is None or mesh.device_type == parameter.device.type:
         return parameter.device
     return mesh_device(mesh)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a peft ``PeftModel`` (a LoRA policy: its adapters sit beside the base weights)."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)

@@ -48,7 +48,7 @@ from rloo.generation.decoding import CUDA_CHECK_EVERY
 from rloo.generation.device import model_device
 from rloo.generation.kv_cache import returned_cache
 from rloo.generation.multimodal import position_ids_from_mask
-from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
+from rloo.generation.rollout import Rollout, SamplingEngine, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams, completion_uniforms
 from rloo.generation.static_decode import DecodeSpec, StaticDecoder, buckets_for
 
@@ -306,7 +306,7 @@ def sample_rollouts(
     return rollout if rollout is not None else eager(model, prompt_ids, group_ids, **kwargs)
 
 
-def rollout_sampler(static: bool | None, eager: Callable[..., Rollout] = generate_rollouts) -> Callable[..., Rollout]:
-    """The sampler with :func:`generate_rollouts`' contract for ``sampler_cuda_graphs`` = ``static``,
-    falling back to ``eager``."""
+def rollout_sampler(static: bool | None, eager: SamplingEngine = generate_rollouts) -> SamplingEngine:
+    """rloo's own sampling engine (:class:`~rloo.generation.rollout.SamplingEngine`) for ``sampler_cuda_graphs``
+    = ``static``, falling back to ``eager``."""
     return eager if static is False else functools.partial(sample_rollouts, static=static, eager=eager)

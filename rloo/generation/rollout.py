@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -198,6 +198,43 @@ def prefill(model: nn.Module, ids: Tensor, mask: Tensor, k: int, vision: VisionI
     return Prefill(keyword, cache, out.logits[:, -1], deltas)
 
 
+class SamplingEngine(Protocol):
+    """The contract of a sampling engine: K completions of each prompt as a :class:`Rollout`.
+
+    rloo's own sampler (:func:`generate_rollouts`, and the static-shape step of
+    :func:`rloo.generation.graph_decode.rollout_sampler`) and vLLM's (:class:`rloo.generation.vllm.sampler.VLLMSampler`)
+    keep it; the engine table (:mod:`rloo.generation.engines`) says which one a run samples with. Every call
+    gives the same arguments: ``model`` (the policy, in eval mode), ``prompt_ids`` (P token lists),
+    ``group_ids`` (P ids: the rollout's ``group_ids`` and, with ``sampling_seed``, each completion's random
+    stream), ``num_generations`` (K), ``max_new_tokens``, ``params``, ``eos_token_ids``, ``pad_token_id``,
+    ``generator`` or ``sampling_seed`` (where the randomness comes from), ``stop`` (a completion ends at the
+    token after which it says so), ``vision`` (image inputs, or None), ``all_done`` (lockstep decoding across
+    processes), ``compact_at`` (finished rows leave the decode batch) and ``step`` (the optimizer steps the
+    policy has taken: an engine holding its own copy of the weights syncs them when it changes). An engine
+    that cannot honour one (vLLM and images) raises ``NotImplementedError`` saying so.
+    """
+
+    def __call__(
+        self,
+        model: nn.Module,
+        prompt_ids: Sequence[Sequence[int]],
+        group_ids: Sequence[int],
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        params: SamplingParams,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        generator: torch.Generator | None = None,
+        sampling_seed: int | None = None,
+        stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
+        vision: VisionInputs | None = None,
+        all_done: Callable[[bool], bool] | None = None,
+        compact_at: float | None = None,
+        step: int = 0,
+    ) -> Rollout: ...
+
+
 @torch.no_grad()
 def generate_rollouts(
     model: nn.Module,
@@ -215,9 +252,10 @@ def generate_rollouts(
     vision: VisionInputs | None = None,
     all_done: Callable[[bool], bool] | None = None,
     compact_at: float | None = None,
+    step: int = 0,
     check_every: int | None = None,
 ) -> Rollout:
-    """Sample ``num_generations`` completions for each prompt.
+    """Sample ``num_generations`` completions for each prompt (:class:`SamplingEngine`'s contract).
 
     The model must be in eval mode (no dropout) and return its cache (:func:`returned_cache`). With
     ``sampling_seed``, completion ``j`` of group ``g`` is sampled from its own random stream
@@ -233,6 +271,7 @@ def generate_rollouts(
     ``check_every``: whether every row has finished (and whether to compact) is read on the host every
     this many steps (None: :func:`rloo.generation.decoding.finished_check_every`); each read is a host
     sync, which on a GPU stops the host from queueing the next steps while the device works.
+    ``step``: unused; this sampler reads the weights of the ``model`` it is given.
     """
     device = model_device(model)
     k = num_generations

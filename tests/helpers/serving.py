@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.generation.vllm_client import serving, vllm_python
+from rloo.generation.vllm.client import serving, vllm_python
 from tests.helpers.launch import free_port
 
 

@@ -1,4 +1,4 @@
-"""The trainer's side of ``rloo vllm-serve`` (:mod:`rloo.generation.vllm_server`): generate, move weights.
+"""The trainer's side of ``rloo vllm-serve`` (:mod:`rloo.generation.vllm.server`): generate, move weights.
 
 Plain HTTP from the standard library (``urllib``): the protocol is a few JSON requests and one binary
 body, and the trainer's environment gains no dependency. Every failure names the server's URL and what
@@ -26,7 +26,7 @@ from torch import Tensor
 class Generated:
     """``/generate/``'s answer: each completion's token ids (P*n, the n samples of a prompt consecutive)
     and the engine's log-prob of each sampled token, of the distribution it was drawn from
-    (:mod:`rloo.generation.vllm_server`)."""
+    (:mod:`rloo.generation.vllm.server`)."""
 
     completion_ids: list[list[int]]
     logprobs: list[list[float]]
@@ -141,7 +141,7 @@ def vllm_python() -> str:
         return os.environ["RLOO_VLLM_PYTHON"]
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    candidate = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    candidate = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
     if candidate.is_file():
         return str(candidate)
     raise ValueError(
@@ -157,10 +157,10 @@ def serving(
 ) -> Iterator[str]:
     """Run ``rloo vllm-serve --model MODEL ARGS`` in the background until the block ends; yields its URL once
     it prints that it is ready (a ``RuntimeError`` with its last output if it exits or takes over ``timeout``)."""
-    from rloo.generation.vllm_server import READY
+    from rloo.generation.vllm.server import READY
 
     python = vllm_python()
-    command = [python, "-m", "rloo.generation.vllm_server", "--model", str(model), "--host", host, "--port", str(port)]
+    command = [python, "-m", "rloo.generation.vllm.server", "--model", str(model), "--host", host, "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_checkout(), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
@@ -186,4 +186,4 @@ def _checkout() -> str:
     """The folder holding the ``rloo`` package (the server imports it from there)."""
     from pathlib import Path
 
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[3])

@@ -1,8 +1,8 @@
 """``vllm_mode="colocate"``: vLLM inside the training process (TRL's default mode), with the server's interface.
 
-:class:`LocalEngine` answers what :class:`rloo.generation.vllm_client.VLLMClient` answers (``generate``,
+:class:`LocalEngine` answers what :class:`rloo.generation.vllm.client.VLLMClient` answers (``generate``,
 ``update_weights``), from an engine in this process: the same request handling as ``rloo vllm-serve``
-(:func:`rloo.generation.vllm_server.generate`), weights straight into vLLM's in-place reload with no
+(:func:`rloo.generation.vllm.server.generate`), weights straight into vLLM's in-place reload with no
 serialization. The engine is built at the first call, from the policy's own folder (``name_or_path``; a
 policy built in memory is saved to a temporary folder first) and dtype, with the config's colocate
 fields (``vllm_gpu_memory_utilization``, ``vllm_tensor_parallel_size``, ``vllm_max_model_length``,
@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from rloo.generation.vllm_client import Generated, generate_request, generated
+from rloo.generation.vllm.client import Generated, generate_request, generated
 
 
 class LocalEngine:
@@ -51,7 +51,7 @@ class LocalEngine:
         """Build the engine for ``model`` (its folder, its dtype) unless it is built."""
         if self.llm is not None:
             return
-        from rloo.generation.vllm_server import build_engine, parser
+        from rloo.generation.vllm.server import build_engine, parser
 
         path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
         if not _is_folder(path):  # a hub id or a model built in memory: vLLM reads a folder
@@ -75,14 +75,14 @@ class LocalEngine:
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None, **settings: Any
     ) -> Generated:
-        """:meth:`rloo.generation.vllm_client.VLLMClient.generate`, answered by the engine in this process."""
-        from rloo.generation.vllm_server import generate
+        """:meth:`rloo.generation.vllm.client.VLLMClient.generate`, answered by the engine in this process."""
+        from rloo.generation.vllm.server import generate
 
         with self.awake():
             return generated(generate(self.llm, generate_request(prompt_ids, seeds, **settings)))
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
-        from rloo.generation.vllm_server import load_weights
+        from rloo.generation.vllm.server import load_weights
 
         with self.awake():
             return load_weights(self.llm, ((name, tensor.detach()) for name, tensor in named))

@@ -1,7 +1,8 @@
 """Rollouts sampled on vLLM (``use_vllm=True``: a server, or an engine in this process): the sampler's seam.
 
-:class:`VLLMSampler` is called where rloo's own sampler (:func:`rloo.generation.rollout.generate_rollouts`)
-is, with its arguments, and returns the same :class:`~rloo.generation.rollout.Rollout`. Before a batch it
+:class:`VLLMSampler` is a :class:`~rloo.generation.rollout.SamplingEngine`: called where rloo's own sampler
+(:func:`rloo.generation.rollout.generate_rollouts`) is, with its arguments, it returns the same
+:class:`~rloo.generation.rollout.Rollout`. Before a batch it
 sends the policy's weights when the policy has taken an optimizer step since the last send (as TRL syncs:
 when it generates), then checks the sync: the server greedily continues a fixed probe prompt and rloo's
 own forward scores those tokens; a gap beyond :data:`PROBE_TOLERANCE` (:data:`PROBE_TOLERANCE_HALF` in
@@ -13,7 +14,7 @@ id, so a run samples the same completions wherever the server is (and however th
 vLLM gives a request's n samples the seeds ``seed .. seed + n - 1``, so the groups' seeds are ``n`` apart.
 
 Log-probs: the server's are those of the distribution each token was drawn from
-(:mod:`rloo.generation.vllm_server`); the rollout keeps them as ``sampling_logprobs`` when that is the
+(:mod:`rloo.generation.vllm.server`); the rollout keeps them as ``sampling_logprobs`` when that is the
 distribution rloo scores, ``log_softmax(logits / T)`` (``SamplingParams.plain``: no penalty, no truncation),
 else zeros. The loss's ratio is against rloo's own log-probs of the batch; these weigh it for the engines'
 mismatch (:mod:`rloo.algo.importance`) and measure the gap.
@@ -30,9 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
-from rloo.generation.rollout import Rollout, left_pad
+from rloo.config.fields.vllm import server_url
+from rloo.generation.device import is_peft_model
+from rloo.generation.multimodal import VisionInputs
+from rloo.generation.rollout import Rollout, SamplingEngine, left_pad
 from rloo.generation.sampling import SamplingParams
-from rloo.generation.vllm_client import VLLMClient
+from rloo.generation.vllm.client import VLLMClient
 
 # the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats): when rloo
 # computes in float32, and when it computes in bf16/fp16 (autocast or half weights: rounding alone reaches
@@ -46,8 +50,6 @@ _SEED_STRIDE = 1_000_003  # a prime: sampling seeds of different runs stay apart
 def vllm_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The policy's weights under the names vLLM's loader reads (a causal LM's own ``state_dict`` names);
     a PEFT policy's adapters merged into its base weights (peft's merge, undone after the copy)."""
-    from rloo.training.setup.models import is_peft_model
-
     if not is_peft_model(model):
         return _once(model.state_dict().items())
     model.merge_adapter()  # type: ignore[operator]
@@ -73,9 +75,10 @@ def _once(named: Any) -> dict[str, Tensor]:
     return out
 
 
-class VLLMSampler:
-    """Samples rollouts for the policy it is called with: on the server at ``base_url``, or (``client``)
-    on another engine with the client's interface (colocate: :class:`rloo.generation.vllm_colocate.LocalEngine`)."""
+class VLLMSampler(SamplingEngine):
+    """A :class:`~rloo.generation.rollout.SamplingEngine`: samples rollouts for the policy it is called with, on
+    the server at ``base_url``, or (``client``) on another engine with the client's interface (colocate:
+    :class:`rloo.generation.vllm.colocate.LocalEngine`)."""
 
     def __init__(self, base_url: str, timeout: float, client: Any = None) -> None:
         self.client = client if client is not None else VLLMClient(base_url, timeout)
@@ -162,13 +165,14 @@ class VLLMSampler:
         pad_token_id: int,
         generator: torch.Generator | None = None,
         sampling_seed: int | None = None,
-        stop: Callable[..., Tensor] | None = None,
-        vision: Any = None,
+        stop: Callable[[Sequence[Tensor], Tensor], Tensor] | None = None,
+        vision: VisionInputs | None = None,
         all_done: Callable[[bool], bool] | None = None,
         compact_at: float | None = None,
         step: int = 0,
     ) -> Rollout:
-        """:func:`rloo.generation.rollout.generate_rollouts`' contract, sampled on the server."""
+        """:class:`~rloo.generation.rollout.SamplingEngine`'s contract, sampled on the server (``step``: the
+        weights are sent when it changes; ``all_done`` and ``compact_at`` concern rloo's decode loop only)."""
         if vision is not None:
             raise NotImplementedError("image prompts with use_vllm are not built yet: train them without vLLM")
         if not self.ready:
@@ -277,6 +281,11 @@ def rollout_from(
     )
 
 
+def server_sampler(args: Any) -> VLLMSampler:
+    """The sampler on the ``rloo vllm-serve`` server a config names (``vllm_mode="server"``)."""
+    return sampler_for(server_url(args), float(args.vllm_server_timeout))
+
+
 @functools.cache
 def sampler_for(base_url: str, timeout: float) -> VLLMSampler:
     """One sampler per server in a process (it remembers what it last sent)."""
@@ -288,7 +297,7 @@ _COLOCATED: dict[tuple[Any, ...], VLLMSampler] = {}
 
 def colocated_sampler(args: Any) -> VLLMSampler:
     """The sampler on this process's own engine (one per colocate setting: an engine is built once)."""
-    from rloo.generation.vllm_colocate import LocalEngine
+    from rloo.generation.vllm.colocate import LocalEngine
 
     key = (
         args.seed,
