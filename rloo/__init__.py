@@ -26,8 +26,8 @@ def __getattr__(name: str) -> Any:
         from rloo.training.trainer import RLOOTrainer
 
         return RLOOTrainer
-    if name == "GRPOConfig":  # RLOOConfig with TRL's GRPOConfig defaults (rloo/config/grpo_config.py)
-        from rloo.config.grpo_config import GRPOConfig
+    if name == "GRPOConfig":  # RLOOConfig with TRL's GRPOConfig defaults (rloo/config/trl/grpo_config.py)
+        from rloo.config.trl.grpo_config import GRPOConfig
 
         return GRPOConfig
     if name == "GRPOTrainer":

@@ -109,7 +109,7 @@ def _engine(args: Any) -> Any:
     """The vLLM server's sampler when the config asks for it (``use_vllm``), else None (rloo's own)."""
     if not getattr(args, "use_vllm", False):
         return None
-    from rloo.config.vllm_fields import server_url
+    from rloo.config.fields.vllm import server_url
     from rloo.generation.vllm_sampler import colocated_sampler, sampler_for
 
     if args.vllm_mode == "colocate":

@@ -1,5 +1,5 @@
 """Automatic diagnostics of a run's logged metrics: each check maps a symptom to its fix, from the one
-table the live health monitors share (:mod:`rloo.training.monitoring.symptoms`).
+table the live health monitors share (:mod:`rloo.config.symptoms`).
 
 Every check reads the *recent* part of a metric, the mean over the last quarter of its
 logged values (at least one), so a bad start that recovers raises nothing. Evaluation logs
@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from rloo.config.symptoms import SYMPTOMS, finding
 from rloo.training import metric_names as names
-from rloo.training.monitoring.symptoms import SYMPTOMS, finding
 
 Rows = list[dict[str, Any]]
 

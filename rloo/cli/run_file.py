@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from rloo.config import RLOOConfig
-from rloo.config.grpo_names import GRPO_NAMES
-from rloo.config.legacy import REFUSED, RENAMED
+from rloo.config.trl.grpo_names import GRPO_NAMES
+from rloo.config.trl.legacy import REFUSED, RENAMED
 from rloo.data.loading import DatasetSource
 from rloo.suggest import unknown_name_error
 from rloo.tools.agent import resolve_tools

@@ -50,9 +50,9 @@ import yaml
 
 from rloo.cli.run_file import annotation_text, utf8_text
 from rloo.config import RLOOConfig
-from rloo.config.fields import default_value, trl_name
-from rloo.config.grpo_names import GRPO_NAMES
-from rloo.config.legacy import REFUSED, RENAMED, refusal_reason
+from rloo.config.fields.declare import default_value, trl_name
+from rloo.config.trl.grpo_names import GRPO_NAMES
+from rloo.config.trl.legacy import REFUSED, RENAMED, refusal_reason
 from rloo.suggest import unknown_name_error
 
 # TRL's script and ModelConfig fields rloo reads, by kind: "bool", "list", "dict" or "value"

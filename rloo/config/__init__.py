@@ -1,4 +1,8 @@
-"""``RLOOConfig``: one validated, frozen config object; algorithm presets."""
+"""``RLOOConfig``: one validated, frozen config object; algorithm presets.
+
+Its fields and their checks are grouped by feature in :mod:`rloo.config.fields`; the rules across groups
+are in :mod:`rloo.config.validation`; TRL's names and classes in :mod:`rloo.config.trl`.
+"""
 
 from typing import Any
 

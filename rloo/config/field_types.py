@@ -57,3 +57,13 @@ def parse_json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expects a mapping, or a JSON object in a string, not a JSON {type(value).__name__}")
     return value
+
+
+def declared_annotation(cls: type, name: str) -> str:
+    """Field ``name``'s annotation as written in its class body. Not ``Field.type``: transformers'
+    HfArgumentParser (TRL's TrlParser) rewrites that in place, to the resolved type without ``| None``."""
+    for klass in cls.__mro__:
+        annotation = vars(klass).get("__annotations__", {}).get(name)
+        if annotation is not None:
+            return annotation if isinstance(annotation, str) else str(annotation)
+    raise KeyError(name)

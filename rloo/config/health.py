@@ -13,10 +13,10 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from rloo.config.symptoms import SYMPTOMS
 from rloo.suggest import unknown_name_error
-from rloo.training.monitoring.symptoms import SYMPTOMS
 
-# key -> (default, what it means); README's "Health monitors" table is this mapping. The monitors'
+# key -> (default, what it means); docs/reliability.md's "Health monitors" table is this mapping. The monitors'
 # entries come from the one symptom -> fix table the report's diagnostics share.
 HEALTH_THRESHOLDS: Mapping[str, tuple[float, str]] = {
     "window": (5, "optimizer steps per reading (an integer >= 1); the baseline is the first window"),
@@ -58,6 +58,6 @@ def resolve_health_thresholds(given: Mapping[str, Any] | None) -> dict[str, floa
 
 
 def thresholds_markdown() -> str:
-    """The README table of the monitors' thresholds."""
+    """The table of the monitors' thresholds in docs/reliability.md (``scripts/regen_docs.py`` writes it)."""
     rows = [f"| `{key}` | {default} | {text} |" for key, (default, text) in HEALTH_THRESHOLDS.items()]
     return "\n".join(["| key | default | fires when |", "|---|---|---|", *rows])

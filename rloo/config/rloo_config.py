@@ -9,7 +9,7 @@ Departures, on purpose:
   a choice the user makes.
 - ``max_prompt_length`` exists (TRL has none): longer prompts are truncated from the left.
 - ``fp16=True`` without a CUDA GPU trains in fp32 with a warning (TRL: an error). Older TRL names
-  (``kl_coef``, ``rloo_k``, ...) are accepted with a warning: :mod:`rloo.config.legacy`.
+  (``kl_coef``, ``rloo_k``, ...) are accepted with a warning: :mod:`rloo.config.trl.legacy`.
 - The algorithm knobs (advantage estimator, KL estimator and placement, ratio level, loss
   aggregation, clipping) default to ``None`` = "from the preset"; the default preset
   ``trl`` is TRL's math.
@@ -24,29 +24,27 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rloo.config.field_types import CONTAINER_KINDS, parse_json_object
+from rloo.config.errors import fail
+from rloo.config.field_types import CONTAINER_KINDS, declared_annotation, parse_json_object
 from rloo.config.fields import RLOOFields
 from rloo.config.frozen import FrozenAfterInit
-from rloo.config.grpo_names import grpo_value
 from rloo.config.health import resolve_health_thresholds
-from rloo.config.legacy import accept_older_names
-from rloo.config.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
-from rloo.config.plumbing import PlumbingFields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm, resolve_preset
-from rloo.config.sampling_fields import SamplingFields
 from rloo.config.schedule import optimizer_steps, whole_if_integral
-from rloo.config.validation import declared_annotation, fail, validate
-from rloo.config.vllm_fields import VLLMFields
+from rloo.config.trl.grpo_names import grpo_value
+from rloo.config.trl.legacy import accept_older_names
+from rloo.config.trl.passthrough import KwargsError, check_writable, normalize_generation_kwargs, normalize_init_kwargs
+from rloo.config.validation import validate
 
 # step counts that may be given as a fraction of the run (rloo.config.schedule)
 STEP_FIELDS = ("warmup_steps", "logging_steps", "save_steps", "eval_steps")
 
 
 @dataclass
-class RLOOConfig(FrozenAfterInit, SamplingFields, VLLMFields, PlumbingFields, RLOOFields):
+class RLOOConfig(FrozenAfterInit, RLOOFields):
     """Configuration of an RLOO run. Invalid values raise ``ValueError`` naming the field.
 
-    The fields and their documentation are in :class:`rloo.config.fields.RLOOFields`."""
+    The fields and their documentation are in :mod:`rloo.config.fields`, one module per feature."""
 
     # resolved in __post_init__, not constructor arguments
     algorithm: AlgorithmSpec = field(init=False, repr=False)

@@ -29,7 +29,7 @@ from rloo.generation.sampling import SamplingParams
 
 # compact once this fraction of the decode batch has finished: each compaction copies the cache
 # of the rows kept (about one decoding step's cache reads), so it waits for a real saving. The
-# default of RLOOConfig.sampler_compaction (rloo.config.plumbing; tests/generation/test_decoding.py checks it)
+# default of RLOOConfig.sampler_compaction (rloo.config.fields.plumbing; tests/generation/test_decoding.py checks it)
 COMPACT_AT = 0.25
 # on a GPU, the decode loop reads "every row finished?" (and compacts) once per this many steps: each read
 # is a host sync that drains the launch queue; a read that comes late costs at most this many steps of the

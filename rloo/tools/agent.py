@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rloo.config.legacy import reward_funcs_or_reward_model
+from rloo.config.trl.legacy import reward_funcs_or_reward_model
 from rloo.data.loading import column_names
 from rloo.data.prompts import TokenizedPrompts, encode_prompts
 from rloo.rewards.calling import CallPolicy, RewardFunctions

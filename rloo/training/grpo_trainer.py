@@ -1,4 +1,4 @@
-"""``GRPOTrainer``: ``RLOOTrainer`` whose default config is :class:`rloo.config.grpo_config.GRPOConfig`,
+"""``GRPOTrainer``: ``RLOOTrainer`` whose default config is :class:`rloo.config.trl.grpo_config.GRPOConfig`,
 so a TRL GRPO script runs with its imports changed. The trainer is the same: what it trains is what
 its config says (a ``GRPOConfig`` given to ``RLOOTrainer`` trains GRPO too, and an ``RLOOConfig``
 given to ``GRPOTrainer`` trains RLOO)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rloo.config.grpo_config import GRPOConfig
+from rloo.config.trl.grpo_config import GRPOConfig
 from rloo.training.trainer import RLOOTrainer
 
 

@@ -33,8 +33,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixi
 from transformers.trainer_utils import TrainOutput
 
 from rloo.config import RLOOConfig, as_config
-from rloo.config.legacy import check_trainer_arguments
-from rloo.config.sampling_fields import staleness_caution
+from rloo.config.fields.rollouts import staleness_caution
+from rloo.config.trl.legacy import check_trainer_arguments
 from rloo.data.loading import load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
 from rloo.data.prompts import columns_of
@@ -113,7 +113,7 @@ class RLOOTrainer(CallbackMethods):
         compute_metrics: Any = None,
     ) -> None:
         """TRL's ``RLOOTrainer`` arguments, in TRL's order; ``tools``, ``rollout_func``,
-        ``environment_factory``: GRPO's (:func:`rloo.config.legacy.check_trainer_arguments` says what is refused);
+        ``environment_factory``: GRPO's (:func:`rloo.config.trl.legacy.check_trainer_arguments` says what is refused);
         ``compute_metrics``: task metrics of each evaluation (:mod:`rloo.training.monitoring.compute_metrics`)."""
         check_trainer_arguments(optimizers, tools, rollout_func, environment_factory)
         check_code_rewards(reward_funcs)  # no sandbox for code_execution: refused before the policy loads

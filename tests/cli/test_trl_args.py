@@ -14,7 +14,7 @@ import yaml
 
 from rloo.cli.trl_args import TRL_LORA_DEFAULTS, parse_tokens, trl_to_run
 from rloo.config import RLOOConfig
-from rloo.config.fields import default_value
+from rloo.config.fields.declare import default_value
 from tests.helpers.cli import flat, invoke
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,7 +9,7 @@ import pytest
 
 from rloo.config import RLOOConfig
 from rloo.config.docs import fields_markdown
-from rloo.config.fields import trl_name
+from rloo.config.fields.declare import trl_name
 from tests.helpers.paths import REPO
 
 README = REPO / "README.md"

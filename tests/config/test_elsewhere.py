@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rloo import RLOOConfig
-from rloo.config.elsewhere import ELSEWHERE
-from rloo.config.grpo_names import GRPO_NAMES
-from rloo.config.legacy import RENAMED, refusal_reason
+from rloo.config.trl.elsewhere import ELSEWHERE
+from rloo.config.trl.grpo_names import GRPO_NAMES
+from rloo.config.trl.legacy import RENAMED, refusal_reason
 
 
 def test_every_trl_field_rloo_lacks_has_a_reason() -> None:
@@ -21,7 +21,7 @@ def test_every_trl_field_rloo_lacks_has_a_reason() -> None:
     ours = set(RLOOConfig.field_names()) | set(RENAMED) | set(GRPO_NAMES)
     theirs = {f.name for config in (trl.RLOOConfig, trl.GRPOConfig) for f in dataclasses.fields(config) if f.init}
     lacking = sorted(name for name in theirs - ours if refusal_reason(name) is None)
-    assert not lacking, f"TRL {trl.__version__} fields with no reason in rloo/config/elsewhere.py: {lacking}"
+    assert not lacking, f"TRL {trl.__version__} fields with no reason in rloo/config/trl/elsewhere.py: {lacking}"
     assert set(ELSEWHERE) <= theirs, "ELSEWHERE names a field TRL does not have"
 
 

@@ -4,13 +4,15 @@ every field becomes a flag, and the parsed config equals the one built with the 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from pathlib import Path
 
 import pytest
 from transformers import HfArgumentParser
 
 from rloo import RLOOConfig
-from rloo.config.fields import trl_name
+from rloo.config.fields.declare import trl_name
 
 
 @dataclasses.dataclass
@@ -79,3 +81,21 @@ def test_trlparser_reads_a_trl_yaml_with_list_and_mapping_fields(tmp_path: Path)
     assert isinstance(args, RLOOConfig) and args.num_generations == 4  # a flag wins over the file, as in TRL
     assert args.learning_rate == 1e-6 and args.reward_weights == (1.0, 0.2) and args.report_to == ("tensorboard",)
     assert args.model_init_kwargs == {"dtype": "bfloat16"}
+
+
+def test_every_field_group_is_in_the_config_and_its_checks_run() -> None:
+    # a group is one module of rloo/config/fields: its dataclass among RLOOFields' bases, its check_* in
+    # GROUP_CHECKS (so a new group that is not wired in fails here, not silently unchecked)
+    from rloo.config import fields
+    from rloo.config.fields import GROUP_CHECKS, RLOOFields
+
+    for info in pkgutil.iter_modules(fields.__path__):
+        if info.name == "declare":
+            continue
+        module = importlib.import_module(f"rloo.config.fields.{info.name}")
+        groups = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__module__ == module.__name__]
+        assert len(groups) == 1 and groups[0] in RLOOFields.__bases__, f"{info.name}: one group, in RLOOFields"
+        checks = [f for name, f in vars(module).items() if name.startswith("check_") and callable(f)]
+        assert all(check in GROUP_CHECKS for check in checks), f"{info.name}: its check_* must be in GROUP_CHECKS"
+    declared = [f.name for f in dataclasses.fields(RLOOFields)]
+    assert [f.name for f in dataclasses.fields(RLOOConfig) if f.init] == declared

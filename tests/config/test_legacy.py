@@ -16,8 +16,8 @@ from transformers.training_args import OptimizerNames
 
 from rloo.cli.run_file import load_run_file
 from rloo.config import RLOOConfig
-from rloo.config.legacy import REFUSED, RENAMED
 from rloo.config.optimizers import OPTIMIZERS
+from rloo.config.trl.legacy import REFUSED, RENAMED
 from rloo.training.setup import optimization
 from rloo.training.setup.models import bf16_supported, resolve_mixed_precision
 from rloo.training.setup.optimization import build_optimizer

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
+import pkgutil
 import re
 from typing import Any
 
@@ -14,7 +16,7 @@ import yaml
 import rloo.config.validation
 from rloo.algo.advantages import ADVANTAGE_ESTIMATORS
 from rloo.algo.losses import AGGREGATION_MODES
-from rloo.config import RLOOConfig
+from rloo.config import RLOOConfig, fields
 from rloo.config.presets import PRESET_KEYS, PRESETS, AlgorithmSpec, describe_algorithm
 
 INF, NAN = math.inf, math.nan
@@ -183,6 +185,15 @@ INVALID: list[tuple[dict[str, Any], str, Any, str]] = [
     ({"report_to": "neptune"}, "report_to", ["neptune"], "each entry must be one of"),
     ({"num_completions_to_print": -1}, "num_completions_to_print", -1, "must be >= 0"),
     ({"log_grad_variance": -1}, "log_grad_variance", -1, "must be >= 0 (steps between measurements; 0 = off)"),
+    # --- vllm ---
+    ({"vllm_mode": "remote"}, "vllm_mode", "remote", "use 'server' (a `rloo vllm-serve` process) or 'colocate'"),
+    ({"vllm_server_timeout": 0.0}, "vllm_server_timeout", 0.0, "give the seconds to wait, > 0"),
+    ({"vllm_server_port": 0}, "vllm_server_port", 0, "give a TCP port, 1-65535"),
+    ({"vllm_server_base_url": "localhost:8000"}, "vllm_server_base_url", "localhost:8000", "e.g. http://127.0.0.1"),
+    ({"vllm_importance_sampling_mode": "token"}, "vllm_importance_sampling_mode", "token", "choose one of"),
+    ({"vllm_importance_sampling_clip_max": 0.0}, "vllm_importance_sampling_clip_max", 0.0, "an upper bound > 0"),
+    ({"vllm_importance_sampling_clip_min": -1.0}, "vllm_importance_sampling_clip_min", -1.0, "a lower bound >= 0"),
+    ({"vllm_structured_outputs_regex": "a+"}, "vllm_structured_outputs_regex", "a+", "not supported yet"),
 ]
 
 
@@ -196,9 +207,11 @@ def test_invalid_value_names_field_value_and_fix(kwargs: dict[str, Any], name: s
 
 
 def test_every_validated_field_is_covered() -> None:
-    # each field with a check in RLOOConfig appears above, so a new check needs a new case
+    # each field with a check in RLOOConfig (a field group's or a cross-group one) appears above, so a new
+    # check needs a new case
     covered = {case[1] for case in INVALID}
-    source = inspect.getsource(rloo.config.validation)
+    groups = [importlib.import_module(f"rloo.config.fields.{m.name}") for m in pkgutil.iter_modules(fields.__path__)]
+    source = "".join(inspect.getsource(module) for module in [rloo.config.validation, *groups])
     checked = set(re.findall(r'fail\(\s*"(\w+)"', source)) | {"logging_steps", "save_steps"}
     assert checked <= covered, checked - covered
 
@@ -547,7 +560,7 @@ def test_numpy_numbers_are_accepted_as_plain_numbers() -> None:
 
 
 def test_asynchronous_sampling_without_clipping_is_cautioned() -> None:
-    from rloo.config.sampling_fields import staleness_caution
+    from rloo.config.fields.rollouts import staleness_caution
 
     assert staleness_caution(0, clip_ratio=False) is None  # synchronous: nothing lags
     assert staleness_caution(2, clip_ratio=True) is None  # clipped: each step's move is bounded

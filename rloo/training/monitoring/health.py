@@ -1,7 +1,7 @@
 """Live health monitors: the seeds' troubleshooting table, checked while a run trains.
 
 Each monitor watches per-step metrics and fires when its symptom appears; a firing monitor
-prints a warning naming the fix (:mod:`rloo.training.monitoring.symptoms`, the table the report's
+prints a warning naming the fix (:mod:`rloo.config.symptoms`, the table the report's
 diagnostics share) (also appended to ``warnings.log``, which the report
 shows) and sets ``health/<monitor> = 1`` in that step's metrics (``metrics.jsonl``). It fires
 once when its condition becomes true and again only after the condition has cleared, so a
@@ -48,8 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rloo.config.symptoms import finding
 from rloo.training import metric_names as names
-from rloo.training.monitoring.symptoms import finding
 
 # short name -> the per-step metric it follows
 SERIES: Mapping[str, str] = {

@@ -14,7 +14,7 @@ import math
 import torch.distributed as dist
 from torch import nn
 
-from rloo.training.monitoring.symptoms import SYMPTOMS
+from rloo.config.symptoms import SYMPTOMS
 
 
 class NonFiniteTrainingError(RuntimeError):

@@ -1,9 +1,8 @@
 """Experiment trackers (``report_to``) through accelerate's tracker integrations.
 
-Every tracker accelerate ships works (tensorboard, wandb, trackio, comet_ml, mlflow, aim,
-clearml, dvclive, swanlab), and so does a class registered with
-``accelerate.tracking.register_tracker_class``: rloo writes no tracker code of its own. What
-rloo adds on top:
+Every tracker accelerate ships works (the one list: :data:`rloo.config.fields.reporting.TRACKERS`), and so
+does a class registered with ``accelerate.tracking.register_tracker_class``: rloo writes no tracker code of
+its own. What rloo adds on top:
 
 - names as TRL logs them (transformers' ``rewrite_logs``): ``eval_x`` -> ``eval/x``, everything
   else ``train/x`` (``reward`` -> ``train/reward``, ``eval_rewards/acc/mean`` -> ``eval/rewards/acc/mean``);
@@ -24,18 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# accelerate's LoggerType values (besides "all"); the package each one imports
-TRACKER_PACKAGES = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "trackio": "trackio",
-    "comet_ml": "comet_ml",
-    "mlflow": "mlflow",
-    "aim": "aim",
-    "clearml": "clearml",
-    "dvclive": "dvclive",
-    "swanlab": "swanlab",
-}
+from rloo.config.fields.reporting import TRACKERS
+
 PROJECT = "rloo"  # accelerate's project_name: wandb/trackio project, tensorboard sub-folder
 
 
@@ -60,8 +49,8 @@ def tracker_names(report_to: Sequence[str]) -> list[str]:
         wanted = available if name == "all" else [name]
         names += [tracker for tracker in wanted if tracker not in names]
     for name in names:
-        if name in TRACKER_PACKAGES and name not in available:
-            package = TRACKER_PACKAGES[name]
+        if name in TRACKERS and name not in available:
+            package = TRACKERS[name]
             raise ValueError(
                 f"report_to includes {name!r} but the {package} package is not installed: pip install {package} "
                 "(or remove it from report_to; metrics.jsonl is written either way)"

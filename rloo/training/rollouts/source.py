@@ -218,7 +218,7 @@ def _batches(
             "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
         )
     if args.rollout_workers:
-        from rloo.config.sampling_fields import available_worker_devices
+        from rloo.config.fields.rollouts import available_worker_devices
         from rloo.data.images import is_processor
         from rloo.training.parallel.worker_rollouts import WorkerRollouts
         from rloo.training.setup.models import resolve_mixed_precision

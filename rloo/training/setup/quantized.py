@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from rloo.config import RLOOConfig
-from rloo.config.passthrough import quantization_settings
+from rloo.config.trl.passthrough import quantization_settings
 
 
 def with_quantization(args: RLOOConfig, quantization_config: Any, model: Any) -> RLOOConfig:

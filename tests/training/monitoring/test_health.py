@@ -15,9 +15,9 @@ from rloo import RLOOConfig, RLOOTrainer
 from rloo.cli.diagnostics import diagnose
 from rloo.cli.report import build_report
 from rloo.config.health import HEALTH_THRESHOLDS, default_health_thresholds, thresholds_markdown
+from rloo.config.symptoms import SYMPTOMS
 from rloo.tiny import save_tiny_model
 from rloo.training.monitoring.health import HealthMonitor, spike
-from rloo.training.monitoring.symptoms import SYMPTOMS
 from rloo.training.state import TrainerState
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, trainer
 from tests.helpers.paths import REPO

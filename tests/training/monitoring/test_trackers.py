@@ -3,6 +3,7 @@ named, and a real TensorBoard event file (CPU, tiny model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from accelerate.tracking import GeneralTracker, register_tracker_class
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.config.fields.reporting import TRACKERS
 from rloo.training.monitoring.trackers import flat_config, tracked_values, tracker_key, tracker_names
 from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer
 
@@ -88,6 +90,16 @@ def test_a_tracker_whose_package_is_missing_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"report_to includes 'wandb' but the wandb package is not installed: pip"):
         args = config(tmp_path, report_to="wandb")
         RLOOTrainer(make_model(make_tokenizer()), frac7, args=args, train_dataset=dataset())
+
+
+def test_the_one_tracker_list_is_accelerates() -> None:
+    # report_to's choices, its help text and the missing-package message all read TRACKERS: a tracker
+    # accelerate adds (or drops) shows here as one entry to add (or remove)
+    from accelerate.utils import LoggerType
+
+    assert set(TRACKERS) == {kind.value for kind in LoggerType} - {"all"}
+    help_text = next(f for f in dataclasses.fields(RLOOConfig) if f.name == "report_to").metadata["help"]
+    assert ", ".join(TRACKERS) in help_text
 
 
 def test_an_unknown_tracker_is_refused_naming_the_choices() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from rloo.config.sampling_fields import available_worker_devices
+from rloo.config.fields.rollouts import available_worker_devices
 from rloo.training.parallel import weight_sync
 from rloo.training.parallel.weight_sync import Layout, Slot
 

@@ -1,24 +1,29 @@
-"""The ``RLOOConfig`` fields of how generation batches are drawn: asynchronous generation (``max_staleness``,
-``weight_sync_steps``, ``rollout_workers``; :mod:`rloo.training.rollouts.source`,
-:mod:`rloo.training.parallel.worker_rollouts`) and dynamic sampling (DAPO's; verl's ``algorithm.filter_groups``;
-TRL has none: train on groups whose rewards differ, drawing more prompts until a batch is full of them;
-:mod:`rloo.training.rollouts.dynamic_sampling`). :class:`rloo.config.rloo_config.RLOOConfig` puts them after
-the vLLM fields.
+"""How generation batches are drawn: asynchronous generation (``max_staleness``, ``weight_sync_steps``,
+``rollout_workers``; :mod:`rloo.training.rollouts.source`, :mod:`rloo.training.rollouts.workers`) and dynamic
+sampling (DAPO's; verl's ``algorithm.filter_groups``; TRL has none: train on groups whose rewards differ,
+drawing more prompts until a batch is full of them; :mod:`rloo.training.rollouts.dynamic_sampling`).
+
+What these cannot be combined with in other groups (vLLM, several optimizer steps per batch, an estimator
+without a group baseline) is checked by :func:`rloo.config.validation.check_combinations`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rloo.config.errors import fail
 from rloo.config.field_types import NameList
-from rloo.config.fields import option
+from rloo.config.fields.declare import option
+
+if TYPE_CHECKING:
+    from rloo.config.rloo_config import RLOOConfig
 
 
 @dataclass
-class SamplingFields:
+class RolloutFields:
     """Asynchronous-generation and dynamic-sampling fields of ``RLOOConfig``, with their documentation."""
 
     max_staleness: int = option(
@@ -79,13 +84,10 @@ class SamplingFields:
     )
 
 
-def check_sampling(config: Any) -> None:
-    """The worker devices, the dynamic-sampling fields and what they cannot be combined with yet (``ValueError``
-    naming the field)."""
-    from rloo.algo.advantages import group_baseline
-    from rloo.config.validation import fail
-
-    check_worker_devices(config, fail)
+def check_rollouts(config: RLOOConfig) -> None:
+    """Staleness, weight syncs, the workers and their devices, dynamic sampling (``ValueError`` naming the field)."""
+    _check_staleness(config)
+    _check_worker_devices(config)
     if config.free_running and not config.rollout_workers:
         raise fail(
             "free_running",
@@ -103,18 +105,7 @@ def check_sampling(config: Any) -> None:
             config.max_num_gen_batches,
             "give the most generation rounds a batch may take, >= 1 (1: no refill, only the batch drawn)",
         )
-    if not config.dynamic_sampling:
-        return
-    estimator = config.algorithm.advantage_estimator
-    if not group_baseline(estimator):
-        raise fail(
-            "dynamic_sampling",
-            True,
-            f"advantage_estimator={estimator!r} gives a group whose rewards are all equal a non-zero advantage "
-            "(it has no group baseline), so those groups teach and must not be dropped; use a group baseline "
-            "(rloo, grpo, group_mean, reinforce_pp_baseline) or dynamic_sampling=False",
-        )
-    if config.rollout_workers:
+    if config.dynamic_sampling and config.rollout_workers:
         raise fail(
             "dynamic_sampling",
             True,
@@ -123,7 +114,31 @@ def check_sampling(config: Any) -> None:
         )
 
 
-def check_worker_devices(config: Any, fail: Any) -> None:
+def _check_staleness(config: RLOOConfig) -> None:
+    """Sampling with older weights (``max_staleness``), how often they are synced, and the worker count."""
+    if config.max_staleness < 0:
+        raise fail("max_staleness", config.max_staleness, "must be >= 0 optimizer steps (0: the synchronous loop)")
+    if isinstance(config.weight_sync_steps, bool) or not isinstance(config.weight_sync_steps, int):
+        raise fail("weight_sync_steps", config.weight_sync_steps, "an integer >= 1 (optimizer steps between syncs)")
+    if config.weight_sync_steps < 1:
+        raise fail("weight_sync_steps", config.weight_sync_steps, "must be >= 1 optimizer steps between weight syncs")
+    if config.weight_sync_steps > 1 and config.max_staleness < 1:
+        raise fail(
+            "weight_sync_steps",
+            config.weight_sync_steps,
+            "syncs an asynchronous pipeline's weights: set max_staleness >= 1 too (0 samples with the current ones)",
+        )
+    if isinstance(config.rollout_workers, bool) or not isinstance(config.rollout_workers, int):
+        raise fail("rollout_workers", config.rollout_workers, "an integer: 0 (sample in the trainer's process) or more")
+    if config.rollout_workers < 0:
+        raise fail("rollout_workers", config.rollout_workers, ">= 0 (0: sample in the trainer's process)")
+    if config.rollout_workers and config.max_staleness < 1:
+        raise fail(
+            "rollout_workers", config.rollout_workers, "workers sample ahead of the trainer: set max_staleness >= 1 too"
+        )
+
+
+def _check_worker_devices(config: RLOOConfig) -> None:
     """``rollout_worker_devices``: empty, or one CPU or CUDA device per worker (whether this machine has them is
     checked when training starts: :func:`available_worker_devices`)."""
     devices = config.rollout_worker_devices
@@ -163,7 +178,7 @@ def available_worker_devices(devices: Any) -> list[str] | None:
 def staleness_caution(max_staleness: int, clip_ratio: bool) -> str | None:
     """A warning for asynchronous sampling (``max_staleness`` >= 1) with an unclipped ratio, else None: the
     lagged batches' ratios then move the policy without bound (tinker-cookbook#822: an unclipped loss
-    collapsed at staleness 3 where a clipped one held; README, "Asynchronous generation")."""
+    collapsed at staleness 3 where a clipped one held; docs/async-and-dynamic-sampling.md)."""
     if max_staleness < 1 or clip_ratio:
         return None
     return (

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from rloo.config.fields.generation import GenerationFields
+
 # from_pretrained's dtype names (torch attribute names) besides "auto"
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "auto")
 
@@ -116,12 +118,10 @@ def lift_generation_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     ``max_new_tokens``, ...) moved to that field, so the run file shows one value, and ``num_beams=1``
     dropped (it is sampling). A field also given with another value than its default and the key's
     is an error naming both (TRL lets the dictionary win silently)."""
-    from rloo.config.fields import RLOOFields  # imported here: fields.py is built on this module's neighbours
-
     given = kwargs.get("generation_kwargs")
     if not isinstance(given, Mapping):
         return dict(kwargs)
-    defaults = {f.name: f.default for f in dataclasses.fields(RLOOFields)}
+    defaults = {f.name: f.default for f in dataclasses.fields(GenerationFields)}
     out, rest = dict(kwargs), dict(given)
     for key in [key for key in given if key in _FIELD_FOR]:
         name, value = _FIELD_FOR[key], rest.pop(key)

@@ -5,8 +5,8 @@ A TRL user who writes one gets that sentence, from the Python API and from ``rlo
 instead of "unknown field" and a "did you mean" that points at a field that only looks alike
 (``loss_type`` is not ``lora_task_type``). ``tests/config/test_elsewhere.py`` checks that every
 such field of the installed TRL has an entry. The vLLM and other engine fields are in
-:data:`rloo.config.legacy.UNSUPPORTED`; GRPO's ``loss_type``, ``scale_rewards`` and
-``importance_sampling_level`` are translated (:mod:`rloo.config.grpo_names`).
+:data:`rloo.config.trl.legacy.UNSUPPORTED`; GRPO's ``loss_type``, ``scale_rewards`` and
+``importance_sampling_level`` are translated (:mod:`rloo.config.trl.grpo_names`).
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ ELSEWHERE: dict[str, str] = {
     ),
     **dict.fromkeys(
         ("fsdp", "fsdp_config", "parallelism_config"),
-        "FSDP2 comes from the launcher: accelerate launch --use_fsdp --fsdp_version 2 (README: several processes); "
-        "remove it",
+        "FSDP2 comes from the launcher: accelerate launch --use_fsdp --fsdp_version 2 (docs/scaling.md); remove it",
     ),
     **dict.fromkeys(
         ("deepspeed", "ds3_gather_for_generation"),

@@ -3,9 +3,10 @@
 From the seeds' troubleshooting sections. The live monitors (:mod:`rloo.training.monitoring.health`)
 check their symptoms while a run trains, with ``RLOOConfig.health_thresholds`` (whose defaults and
 meanings are the ones here: :data:`rloo.config.health.HEALTH_THRESHOLDS` is built from this
-table); the report's diagnostics (:mod:`rloo.cli.diagnostics`) check the logged metrics
+table); the report's diagnostics (:mod:`rloo.report.diagnostics`) check the logged metrics
 afterwards, with the same thresholds. Both word a finding with :func:`finding`. Torch-free, so
-the report stays light.
+the report stays light. It lives in the config, the lowest of its three readers, so that the config,
+the trainer and the report all import it downward.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 class Symptom:
     """``fix``: what to change; ``threshold``: where it starts (a live monitor's default, which
     ``RLOOConfig.health_thresholds`` overrides, or the report's limit); ``meaning``: what the
-    threshold measures, for a live monitor (README's "Health monitors" table); empty otherwise."""
+    threshold measures, for a live monitor (docs/reliability.md's "Health monitors" table); empty otherwise."""
 
     fix: str
     threshold: float

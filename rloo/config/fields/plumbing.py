@@ -1,16 +1,33 @@
 """The ``RLOOConfig`` fields TRL and transformers scripts set that are about the run's plumbing
-rather than the algorithm: sharing on the hub, ``torch.compile``, activation offloading, and
-data-loader settings rloo accepts only where they describe what it does. :class:`rloo.config.rloo_config.RLOOConfig`
-combines them with :class:`rloo.config.fields.RLOOFields` (these come after them in the
-constructor and the README's table).
+rather than the algorithm: sharing on the hub, ``torch.compile``, activation offloading, the sampler's
+speed settings, and data-loader settings rloo accepts only where they describe what it does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from rloo.config.errors import fail
 from rloo.config.field_types import KeywordMapping
-from rloo.config.fields import option
+from rloo.config.fields.declare import option
+from rloo.suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from rloo.config.rloo_config import RLOOConfig
+
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# accelerate's data-loader settings, each with the value that describes what rloo does (it uses no
+# accelerate data loader and accumulates gradients itself)
+ACCELERATOR_CONFIG: dict[str, Any] = {
+    "split_batches": False,
+    "dispatch_batches": None,
+    "even_batches": True,
+    "use_seedable_sampler": True,
+    "non_blocking": False,
+    "gradient_accumulation_kwargs": None,
+    "use_configured_state": False,
+}
 
 
 @dataclass
@@ -96,3 +113,42 @@ class PlumbingFields:
         "rloo train resumes from it as from --resume-from.",
         trl="resume_from_checkpoint",
     )
+
+
+def check_plumbing(config: RLOOConfig) -> None:
+    """The compile mode (the backend is checked against torch's list when the trainer compiles: torch is not
+    imported here), and TRL fields accepted only where they describe what rloo does."""
+    if config.torch_compile_mode is not None and config.torch_compile_mode not in COMPILE_MODES:
+        raise fail("torch_compile_mode", config.torch_compile_mode, f"choose one of {list(COMPILE_MODES)} or None")
+    if config.dataloader_num_workers != 0:
+        raise fail(
+            "dataloader_num_workers",
+            config.dataloader_num_workers,
+            "only 0: rloo reads prompts by index in the training process, with no DataLoader to give workers",
+        )
+    if config.cache_implementation not in (None, "dynamic"):
+        raise fail(
+            "cache_implementation",
+            config.cache_implementation,
+            "only None or 'dynamic': rloo's sampler keeps its own preallocated KV cache",
+        )
+    if config.sampler_compaction is not None and not 0 < config.sampler_compaction <= 1:
+        raise fail("sampler_compaction", config.sampler_compaction, "must be in (0, 1] (e.g. 0.25), or None for off")
+    _check_accelerator_config(config)
+
+
+def _check_accelerator_config(config: RLOOConfig) -> None:
+    for key, value in (config.accelerator_config or {}).items():
+        if key not in ACCELERATOR_CONFIG:
+            raise fail(
+                "accelerator_config",
+                dict(config.accelerator_config or {}),
+                f"unknown key {key!r}{did_you_mean(key, list(ACCELERATOR_CONFIG))}",
+            )
+        if value != ACCELERATOR_CONFIG[key] and not (key == "dispatch_batches" and value is False):
+            raise fail(
+                "accelerator_config",
+                dict(config.accelerator_config or {}),
+                f"{key}={value!r} has nothing to act on: rloo uses no accelerate data loader (every process draws "
+                f"the same prompt order and keeps its share) and accumulates gradients itself; drop {key}",
+            )

@@ -1,8 +1,8 @@
 """The ``RLOOConfig`` fields of generation on vLLM (TRL's names and defaults): which engine samples, and
-where the server is. :class:`rloo.config.rloo_config.RLOOConfig` puts them after the plumbing fields.
+where the server is.
 
-``vllm_mode="server"``: a ``rloo vllm-serve`` process on its own devices (:mod:`rloo.generation.vllm_client`);
-``colocate`` (TRL's default): vLLM inside the training process (:mod:`rloo.generation.vllm_colocate`), which
+``vllm_mode="server"``: a ``rloo vllm-serve`` process on its own devices (:mod:`rloo.generation.vllm.client`);
+``colocate`` (TRL's default): vLLM inside the training process (:mod:`rloo.generation.vllm.colocate`), which
 needs vLLM importable there (``.venv-vllm``). The fields only colocate reads are accepted and unread in
 server mode, as TRL leaves them (a TRL recipe sets them either way); the server takes them as its flags.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rloo.config.fields import option
+from rloo.algo.importance import IMPORTANCE_SAMPLING_MODES
+from rloo.config.errors import fail
+from rloo.config.fields.declare import option
 
 
 @dataclass
@@ -104,8 +106,6 @@ class VLLMFields:
 
 def check_vllm(config: VLLMFields) -> None:
     """The vLLM fields' values, and what rloo cannot do with them yet; raises ``ValueError`` naming the field."""
-    from rloo.config.validation import fail
-
     if config.vllm_mode not in ("server", "colocate"):
         raise fail("vllm_mode", config.vllm_mode, "use 'server' (a `rloo vllm-serve` process) or 'colocate'")
     if not config.vllm_server_timeout > 0:
@@ -115,18 +115,15 @@ def check_vllm(config: VLLMFields) -> None:
     url = config.vllm_server_base_url
     if url is not None and not url.startswith(("http://", "https://")):
         raise fail("vllm_server_base_url", url, "give the server's URL, e.g. http://127.0.0.1:8000")
-    check_importance_sampling(config)
+    _check_importance_sampling(config)
     if config.vllm_structured_outputs_regex is not None:
         raise fail(
             "vllm_structured_outputs_regex", config.vllm_structured_outputs_regex, "not supported yet: remove it"
         )
 
 
-def check_importance_sampling(config: VLLMFields) -> None:
+def _check_importance_sampling(config: VLLMFields) -> None:
     """The ``vllm_importance_sampling_*`` fields (TRL's rules: bounds ordered, a truncate mode needs one)."""
-    from rloo.algo.importance import IMPORTANCE_SAMPLING_MODES
-    from rloo.config.validation import fail
-
     mode, low, high = (
         config.vllm_importance_sampling_mode,
         config.vllm_importance_sampling_clip_min,

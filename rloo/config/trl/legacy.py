@@ -23,9 +23,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rloo.config.elsewhere import ELSEWHERE
-from rloo.config.grpo_names import translate_grpo_names
-from rloo.config.passthrough import lift_generation_fields
+from rloo.config.trl.elsewhere import ELSEWHERE
+from rloo.config.trl.grpo_names import translate_grpo_names
+from rloo.config.trl.passthrough import lift_generation_fields
 
 # older TRL name -> today's field, same meaning (TRL v0.22.0 _DEPRECATED_PARAMS)
 RENAMED: dict[str, str] = {
@@ -72,7 +72,7 @@ def refusal_reason(name: str) -> str | None:
 
 def unsupported_reason(name: str) -> str | None:
     """Why rloo refuses TRL field ``name`` (the generation engines rloo does not have, and the
-    fields of TRL and transformers rloo has no equal for: :data:`rloo.config.elsewhere.ELSEWHERE`), or None."""
+    fields of TRL and transformers rloo has no equal for: :data:`rloo.config.trl.elsewhere.ELSEWHERE`), or None."""
     return UNSUPPORTED.get(name) or ELSEWHERE.get(name)
 
 
@@ -80,7 +80,7 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
     ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`),
-    and GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.grpo_names`).
+    and GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.trl.grpo_names`).
     Raises ``ValueError`` for a refused name, and for an older and a current name of one field
     given different values (naming both). Called by the constructor and by ``replace``;
     ``stacklevel=3`` points the warning at the caller of either.
