@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL_SIZES
 
-from rloo.generation.logprobs import completion_logprobs
+from rloo.forward.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 

@@ -179,7 +179,7 @@ def run(options: argparse.Namespace) -> int:
     if options.variant == "avoid-recompile" and os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") != "1":
         raise SystemExit("the avoid-recompile variant needs TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 in the environment")
     if options.variant == "graphs-fused":
-        os.environ["RLOO_LM_HEAD_KERNEL"] = "fused"  # read at each pass (rloo/generation/fused_head.py)
+        os.environ["RLOO_LM_HEAD_KERNEL"] = "fused"  # read at each pass (rloo/forward/fused_head.py)
     sizes = json.loads((options.dir / "sizes.json").read_text())
     failed = 0
     for case in options.cases.split(","):

@@ -7,8 +7,8 @@ passes (no gradient) and training passes (forward + backward), time and peak mem
 The default shape is Qwen2.5-0.5B's head: V = 151,936, D = 896, 16 rows x 256 tokens (4,096), under bf16
 autocast over float32 weights (rloo's default on a GPU; ``--weights bfloat16`` stores them in bf16), the
 hidden states float32 as the final norm returns them there. ``chunked`` is
-:func:`rloo.generation.lm_head.chunked_head_logprobs` with ``RLOO_LM_HEAD_KERNEL=chunked`` and rloo's
-default 256 MiB of float32 logits a chunk; ``fused`` is :func:`rloo.generation.fused_head.fused_logprobs`
+:func:`rloo.forward.lm_head.chunked_head_logprobs` with ``RLOO_LM_HEAD_KERNEL=chunked`` and rloo's
+default 256 MiB of float32 logits a chunk; ``fused`` is :func:`rloo.forward.fused_head.fused_logprobs`
 at each ``--vocab-tiles`` (its Triton fold on a GPU; on a CPU its torch fold: ``--quick`` is a dry run
 of the script, its times mean nothing). Both compute the entropy as a metric, as the passes do.
 
@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rloo.generation.fused_head import KERNEL_VARIABLE, VOCAB_TILE, fused_logprobs
-from rloo.generation.lm_head import chunked_head_logprobs
-from rloo.generation.logprobs import TokenScore
+from rloo.forward.fused_head import KERNEL_VARIABLE, VOCAB_TILE, fused_logprobs
+from rloo.forward.lm_head import chunked_head_logprobs
+from rloo.forward.logprobs import TokenScore
 
 MiB = 2**20
 TEMPERATURE = 0.9

@@ -9,7 +9,7 @@ The rows are bench_vs_trl.py's varied-length case: P prompts x K completions, co
 arithmetic kind (8 to 24 tokens) or, with ``--prompt-tokens N``, few-shot prompts of N tokens. For each
 layout rule (``padding_free`` False: shared prompts in length buckets; True: packed where the FLOPs model says
 so) it prints the layout each pass took, the FLOPs model's count for every layout with its ratio to the
-minimum (:func:`rloo.generation.packing.minimum_flops`), and the median seconds of the reference/old
+minimum (:func:`rloo.forward.packing.minimum_flops`), and the median seconds of the reference/old
 log-prob pass (no gradient) and of a training pass (forward + backward), the two rules interleaved.
 
 ``--steps`` adds whole RLOO steps of ``bench_vs_trl.py``'s ``small-varied`` case (4 prompts x 8 x 128 tokens),
@@ -35,10 +35,10 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from rloo.generation.logprobs import completion_logprobs  # noqa: E402
-from rloo.generation.packing import choose_layout, forward_cost, minimum_flops, packs_rows  # noqa: E402
+from rloo.forward.logprobs import completion_logprobs  # noqa: E402
+from rloo.forward.packing import choose_layout, forward_cost, minimum_flops, packs_rows  # noqa: E402
+from rloo.forward.shared_prompt import distinct_prompts, may_share  # noqa: E402
 from rloo.generation.rollout import left_pad  # noqa: E402
-from rloo.generation.shared_prompt import distinct_prompts, may_share  # noqa: E402
 
 REACH = 0.12  # share of completions at the limit, as bench_vs_trl's varied case
 

@@ -14,8 +14,8 @@ generation batches (beta > 0: the reference pass and the KL reward's policy pass
 - ``tokens`` (``input_ids.numel()``, padding included) and ``real_tokens`` (the 2-D attention mask's ones
   over the fed columns; every token where no such mask is passed: packed rows, 4-D decode masks);
 - ``flops``: the layout cost model's FLOPs of the layout each pass took
-  (:func:`rloo.generation.packing.choose_layout`), the CPU forward overhead pinned at
-  :data:`rloo.generation.forward_overhead.CPU_OVERHEAD`;
+  (:func:`rloo.forward.packing.choose_layout`), the CPU forward overhead pinned at
+  :data:`rloo.forward.forward_overhead.CPU_OVERHEAD`;
 - ``ops``, ``syncs``: aten ops and host syncs dispatched (:class:`rloo.op_counts.OpCounts`); for sampling,
   per decode step of the phase (scoring included); ``non_view_ops`` leave out views (metadata only: no
   kernel on a GPU);
@@ -220,7 +220,7 @@ class CountingTimer(PhaseTimer):
 
 def train_counts(case: Case) -> tuple[dict[str, float], dict[str, Any]]:
     """``(counts, info)`` of ``case``'s training run: counts by ``phase/count``; info: the layouts taken."""
-    import rloo.generation.logprobs as logprobs_module
+    import rloo.forward.logprobs as logprobs_module
     import rloo.generation.rollout as rollout_module
     import rloo.training.trainer as trainer_module
     from rloo import RLOOConfig, RLOOTrainer
@@ -340,7 +340,7 @@ def settings() -> dict[str, Any]:
     """What the counts were taken with: a change here changes counts without a regression."""
     import transformers
 
-    from rloo.generation.forward_overhead import CPU_OVERHEAD
+    from rloo.forward.forward_overhead import CPU_OVERHEAD
 
     return {
         "torch": torch.__version__,

@@ -1,1 +1,3 @@
-"""Completions out: the KV-cached sampler, logits processors, log-probs of completions, vLLM (server, client)."""
+"""Completions out: the sampling engines (rloo's KV-cached sampler and its logits processors, vLLM: server,
+client, colocated), their declared contract and the engine table (:mod:`rloo.generation.engines`). The
+training forward that scores completions is :mod:`rloo.forward`."""

@@ -8,7 +8,7 @@ the pipeline a ``ScoredRollout`` (:mod:`rloo.pipeline`), the trainer a :class:`T
 A micro-batch (``per_device_train_batch_size`` rows) is cut into passes that keep one
 float32 logits tensor within ``max_logits_memory_mb``; the loss of every pass is scaled by
 whole-step totals, so splitting changes memory, never the gradient. Where the model allows it
-(:func:`rloo.generation.logprobs.completion_logprobs`) a pass never builds those logits at all: the
+(:func:`rloo.forward.logprobs.completion_logprobs`) a pass never builds those logits at all: the
 LM head runs in chunks of ~64 MiB, rows of a pass with the same prompt share one forward of it, and
 their completions run in length buckets, each padded to its own longest row only.
 """
@@ -26,10 +26,10 @@ from torch import Tensor, nn
 from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
 from rloo.algo.stats import ClipFractions, masked_mean
-from rloo.generation.lm_head import Autocast, head_is_exact
-from rloo.generation.logprobs import completion_logprobs
+from rloo.forward.lm_head import Autocast, head_is_exact
+from rloo.forward.logprobs import completion_logprobs
+from rloo.forward.packing import host_to_device
 from rloo.generation.multimodal import VisionInputs
-from rloo.generation.packing import host_to_device
 from rloo.generation.rollout import Rollout
 
 
@@ -176,7 +176,7 @@ def max_rows_per_pass(
     autocast: Autocast = contextlib.nullcontext,
 ) -> int:
     """Rows per pass, by the head path the passes will take: ``cap`` where they take the chunked head
-    (:func:`rloo.generation.lm_head.head_is_exact`, probed in ``autocast``, the passes' precision), whose
+    (:func:`rloo.forward.lm_head.head_is_exact`, probed in ``autocast``, the passes' precision), whose
     logits fit the budget chunk by chunk whatever the rows (their activations are the micro-batch's, as
     in TRL); else so a ``(rows, Tp + Tc, V)`` float32 logits tensor fits ``budget_mib``.
     ``compiled``: the passes run ``model`` through ``torch.compile``, which takes the plain path."""

@@ -28,8 +28,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttention
 import rloo.generation.rollout as rollout_module
 from rloo import RLOOTrainer
 from rloo.data.images import encode_image_prompts, image_messages
+from rloo.forward.logprobs import completion_logprobs
 from rloo.generation.kv_cache import DummyLayer, returned_cache, share_prefill, unshareable_layers
-from rloo.generation.logprobs import completion_logprobs
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams

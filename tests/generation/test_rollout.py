@@ -1,4 +1,4 @@
-"""Tests for rloo.generation.rollout and rloo.generation.logprobs on a tiny random Llama (offline, CPU).
+"""Tests for rloo.generation.rollout and rloo.forward.logprobs on a tiny random Llama (offline, CPU).
 
 The model's weights are re-drawn larger than Llama's init so that next-token distributions
 are peaked and varied (the stock init gives near-uniform logits and greedy decoding that
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rloo.algo.stats import entropy_from_logits
-from rloo.generation.logprobs import completion_logprobs, token_logprobs_and_entropy
+from rloo.forward.logprobs import completion_logprobs, token_logprobs_and_entropy
 from rloo.generation.multimodal import position_ids_from_mask
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams
@@ -298,7 +298,7 @@ def test_preallocated_cache_layer_matches_concatenation() -> None:
 
 
 def test_selective_logprob_backward_matches_autograd() -> None:
-    from rloo.generation.logprobs import _SelectiveLogprob
+    from rloo.forward.logprobs import _SelectiveLogprob
 
     g = torch.Generator().manual_seed(2)
     z = torch.randn(3, 4, 7, generator=g, dtype=torch.float64, requires_grad=True)

@@ -11,7 +11,7 @@ import torch
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
-from rloo.generation.logprobs import completion_logprobs
+from rloo.forward.logprobs import completion_logprobs
 from rloo.generation.rollout import Rollout, generate_rollouts, left_pad
 from rloo.generation.sampling import SamplingParams
 from rloo.tools.agent import AgentSettings

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 from rloo.algo.variance import USED, alternative_advantages, group_estimates, variance_metrics
 from rloo.config import RLOOConfig
 from rloo.config.errors import fail
-from rloo.generation.lm_head import Autocast
-from rloo.generation.logprobs import completion_logprobs
+from rloo.forward.lm_head import Autocast
+from rloo.forward.logprobs import completion_logprobs
 from rloo.training.parallel.distributed import Ranks
 from rloo.training.passes import TrainBatch, take_rows
 

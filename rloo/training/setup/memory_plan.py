@@ -23,7 +23,7 @@ optimizer's moments, the autocast weight cache under mixed precision):
                 gradients, and the optimizer step's temporaries.
 
 A micro-batch's prompt is run once for its K rows where the model's cache allows it
-(:mod:`rloo.generation.shared_prompt`: full-attention families, no gradient checkpointing, one
+(:mod:`rloo.forward.shared_prompt`: full-attention families, no gradient checkpointing, one
 process); elsewhere each row runs its prompt. The per-token activation counts are those of a
 Llama-style layer (RMSNorm, attention with grouped KV heads, a gated MLP), as transformers' own
 implementations save them: other families (MoE, hybrid, vision towers) are planned as if they were
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rloo.generation.layers import per_layer
+from rloo.forward.layers import per_layer
 
 GiB = 2**30
 MiB = 2**20

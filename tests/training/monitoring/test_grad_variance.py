@@ -154,7 +154,7 @@ def _rollout(completion_ids: Tensor, completion_mask: Tensor, group_ids: Tensor,
 
 
 def test_completion_sketches_are_the_sketched_gradients_and_leave_the_model_alone() -> None:
-    from rloo.generation.logprobs import completion_logprobs
+    from rloo.forward.logprobs import completion_logprobs
 
     tok = make_tokenizer()
     model = make_model(tok).train()
@@ -335,7 +335,7 @@ def test_sketched_variances_are_close_to_the_exact_ones_on_a_models_gradients() 
     a sketched squared norm errs by about sqrt(2 / 1024) = 4.4% at worst (Gaussian-like), less
     for a sum over groups; measured here: about 1%."""
     from rloo.algo.variance import alternative_advantages
-    from rloo.generation.logprobs import completion_logprobs
+    from rloo.forward.logprobs import completion_logprobs
 
     tok = make_tokenizer()
     model = make_model(tok).eval()

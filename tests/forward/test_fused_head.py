@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import rloo.generation.fused_head as fused_head
-from rloo.generation.fused_head import KERNEL_VARIABLE, fused_logprobs, head_kernel
-from rloo.generation.lm_head import chunked_head_logprobs
-from rloo.generation.logprobs import TokenLogprobs, TokenScore, completion_logprobs
+import rloo.forward.fused_head as fused_head
+from rloo.forward.fused_head import KERNEL_VARIABLE, fused_logprobs, head_kernel
+from rloo.forward.lm_head import chunked_head_logprobs
+from rloo.forward.logprobs import TokenLogprobs, TokenScore, completion_logprobs
 from tests.generation.test_model_families import PROMPTS, build
 from tests.helpers.models import make_tokenizer
 

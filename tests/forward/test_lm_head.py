@@ -10,9 +10,9 @@ import pytest
 import torch
 import transformers
 
-import rloo.generation.lm_head as lm_head_module
+import rloo.forward.lm_head as lm_head_module
 from rloo.algo.masks import completion_mask_from_lengths
-from rloo.generation.logprobs import TokenLogprobs, completion_logprobs
+from rloo.forward.logprobs import TokenLogprobs, completion_logprobs
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.training.passes import max_rows_per_pass
@@ -45,7 +45,7 @@ def logprobs_and_grads(
     r: Rollout,
     chunked: bool,
     entropy_requires_grad: bool = True,
-    share: bool = False,  # the chunked head alone here (tests/generation/test_shared_prompt.py: with prompt sharing)
+    share: bool = False,  # the chunked head alone here (tests/forward/test_shared_prompt.py: with prompt sharing)
     grad: bool = True,
 ) -> tuple[TokenLogprobs, list[torch.Tensor]]:
     """The log-probs of ``r``'s completions and (``grad``) the gradients of a loss weighing every

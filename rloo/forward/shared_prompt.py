@@ -8,7 +8,7 @@ prompts, documents: Tp >> Tc) is most of the pass. Here the distinct prompts of 
 so in the backward the K rows' gradients are summed into the one prompt forward, exactly), and the
 completions are run on that cache. The first completion token is predicted by the prompt's last
 position, the others by the completion forward; both hidden states go to the chunked head
-(:mod:`rloo.generation.lm_head`).
+(:mod:`rloo.forward.lm_head`).
 
 Length buckets: one completion forward over all N rows pads each to the longest completion of the
 pass, so it costs N x Tc_max however short most completions are; in RL runs lengths vary widely (a
@@ -43,9 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from rloo.generation.forward_overhead import forward_overhead
-from rloo.generation.kv_cache import cache_of
-from rloo.generation.lm_head import (
+from rloo.forward.forward_overhead import forward_overhead
+from rloo.forward.lm_head import (
     ChunkScore,
     HeadInputs,
     Logprobs,
@@ -53,6 +52,7 @@ from rloo.generation.lm_head import (
     chunked_head_logprobs,
     matches_model_logits,
 )
+from rloo.generation.kv_cache import cache_of
 from rloo.generation.multimodal import position_ids_from_mask
 
 # models whose prompt cache the shared path cannot index (not plain DynamicLayer layers)
@@ -68,7 +68,7 @@ def length_buckets(lengths: Sequence[int], overhead: float) -> list[list[int]]:
 
     Cost model: a bucket of ``n`` rows whose longest holds ``L`` tokens costs ``n x L`` token-rows (its
     forward pads every row to ``L``) plus ``overhead``, one forward's fixed cost in token-rows
-    (:func:`rloo.generation.forward_overhead.forward_overhead`: a few dozen on a CPU, ~10^4 on a GPU). The
+    (:func:`rloo.forward.forward_overhead.forward_overhead`: a few dozen on a CPU, ~10^4 on a GPU). The
     partition returned minimises the sum over buckets, ``sum(n_b x L_b) + overhead x buckets``, among
     the contiguous partitions of the sorted lengths, by dynamic programming over the places where the
     length changes (O(D^2) for D distinct lengths: moving rows tied with a shorter bucket's longest
@@ -225,10 +225,10 @@ def shared_prompt_logprobs(
     completion_lengths: list[int],
     groups: tuple[Tensor, Tensor] | None,
 ) -> Logprobs | None:
-    """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.generation.logprobs.completion_logprobs`
+    """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.forward.logprobs.completion_logprobs`
     (text rows, no aux loss), each distinct prompt run once and the completions in length buckets;
     None where the plain pass must run. What the pass's layout choice read
-    (:class:`rloo.generation.packing.LayoutChoice`): ``completion_lengths``, each row's up to its last real
+    (:class:`rloo.forward.packing.LayoutChoice`): ``completion_lengths``, each row's up to its last real
     token, and ``groups``, :func:`distinct_prompts` of the rows (None: no prompt repeats)."""
     head = chunkable_head(model)
     if head is None or groups is None or not may_share(model):

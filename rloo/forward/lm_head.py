@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-from rloo.generation.fused_head import fused_head_logprobs
+from rloo.forward.fused_head import fused_head_logprobs
 
 # a mixed-precision context (accelerate's ``autocast``), or ``contextlib.nullcontext``
 Autocast = Callable[[], AbstractContextManager[Any]]
@@ -196,7 +196,7 @@ def chunked_head_logprobs(
     ``score(logits (1, n, V), ids (1, n))`` turns one chunk's logits into its ``(1, n)`` log-probs and
     entropies (or None). With gradient enabled each chunk is checkpointed (logits recomputed in backward).
     ``chunk_elements``: logits per chunk (None: :data:`CHUNK_ELEMENTS`). Where
-    :func:`rloo.generation.fused_head.head_kernel` picks the fused head (CUDA with Triton, or
+    :func:`rloo.forward.fused_head.head_kernel` picks the fused head (CUDA with Triton, or
     ``RLOO_LM_HEAD_KERNEL=fused``), it computes the same from ``hidden`` with no float32 logits chunk.
     """
     softcap = _softcap(model)

@@ -7,7 +7,7 @@ restarting at 0, with no attention mask: transformers (>= 4.56) then reads the r
 ``position_ids`` as sequence boundaries and keeps every row's attention inside its own tokens (a
 block-diagonal causal mask for sdpa/eager, variable-length kernels for flash-attention). The hidden
 states that predict the completion tokens are gathered out and go to the chunked head
-(:mod:`rloo.generation.lm_head`).
+(:mod:`rloo.forward.lm_head`).
 
 Which models: those whose attention honours packed positions. :func:`packs_rows` checks it once per
 model with a probe (no gradient, eval mode): a row's logits must not change, bit for bit, when the row
@@ -20,7 +20,7 @@ Which layout a pass takes (:func:`choose_layout`) is a FLOPs comparison, per pas
 
 - ``plain``: one forward of N rows x L (the longest prompt + completion), attention N x L^2;
 - ``shared``: each distinct prompt once, then the completions in length buckets
-  (:mod:`rloo.generation.shared_prompt`);
+  (:mod:`rloo.forward.shared_prompt`);
 - ``packed``: B bins x capacity C tokens; attention B x C^2 where the kernel computes the masked
   block-diagonal densely (sdpa, eager), or the sum of the rows' L_i^2 where it skips it
   (flash-attention's variable-length kernels, flex attention).
@@ -28,7 +28,7 @@ Which layout a pass takes (:func:`choose_layout`) is a FLOPs comparison, per pas
 A forward costs ``2 x P`` FLOPs per token (P: the non-embedding weights a token multiplies; the LM head is
 applied to the same completion tokens in every layout and is left out), ``4 x heads x head_dim`` summed over layers
 per (query, key) pair, and a fixed cost per forward of some tokens' worth, measured on a GPU
-(:mod:`rloo.generation.forward_overhead`: ~10^4 token-rows there, a few dozen on a CPU). The same cost
+(:mod:`rloo.forward.forward_overhead`: ~10^4 token-rows there, a few dozen on a CPU). The same cost
 model gives the least FLOPs any layout could reach (:func:`minimum_flops`: every prompt once, no
 padding, attention only to a row's own tokens), which the benchmark reports ratios to.
 """
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rloo.generation.forward_overhead import forward_overhead
-from rloo.generation.layers import per_layer, text_config
-from rloo.generation.lm_head import (
+from rloo.forward.forward_overhead import forward_overhead
+from rloo.forward.layers import per_layer, text_config
+from rloo.forward.lm_head import (
     ChunkScore,
     HeadInputs,
     Logprobs,
@@ -52,7 +52,7 @@ from rloo.generation.lm_head import (
     chunked_head_logprobs,
     matches_model_logits,
 )
-from rloo.generation.shared_prompt import distinct_prompts, length_buckets
+from rloo.forward.shared_prompt import distinct_prompts, length_buckets
 
 # each probed model's verdict (:func:`packs_rows`): a fact of the model, never of a pass's history
 _PACKS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -152,7 +152,7 @@ def best_packing(lengths: Sequence[int], cost: ForwardCost) -> tuple[int, list[l
 def shared_flops(
     prompt_lengths: Sequence[int], completion_lengths: Sequence[int], inverse: Sequence[int], cost: ForwardCost
 ) -> float:
-    """The shared path's forwards (:mod:`rloo.generation.shared_prompt`): the ``U`` distinct prompts once,
+    """The shared path's forwards (:mod:`rloo.forward.shared_prompt`): the ``U`` distinct prompts once,
     padded to the longest ``Tp`` (``U x Tp`` tokens, ``U x Tp^2`` pairs), then each length bucket's ``n_b``
     rows of ``L_b`` completion tokens attending the ``Tp`` prompt columns and their own
     (``n_b x L_b`` tokens, ``n_b x L_b x (Tp + L_b)`` pairs); ``inverse``: each row's distinct prompt."""
@@ -359,7 +359,7 @@ def packed_logprobs(
     with_entropy: bool,
     chunk_elements: int | None = None,
 ) -> Logprobs | None:
-    """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.generation.logprobs.completion_logprobs` (text
+    """Log-probs (and entropies) ``(N, Tc)`` as :func:`rloo.forward.logprobs.completion_logprobs` (text
     rows, no aux loss) from one forward of the rows packed in ``choice``'s bins; 0 at padding. None where
     the plain pass must run (a head the chunked path cannot reproduce, rows with holes in their masks)."""
     head = chunkable_head(model)

@@ -1,9 +1,9 @@
-"""The Triton kernels of the fused LM head (:mod:`rloo.generation.fused_head`): the fold of one logits
+"""The Triton kernels of the fused LM head (:mod:`rloo.forward.fused_head`): the fold of one logits
 tile into per-token statistics, and one tile's logits gradient, each the same formula as the torch
 reference there (``fold_tile_torch``, ``tile_grad_torch``).
 
 Imported only where it is used (``import triton`` takes a second and needs the package, which CUDA
-builds of torch bring): :func:`rloo.generation.fused_head.triton_kernels` imports it on demand.
+builds of torch bring): :func:`rloo.forward.fused_head.triton_kernels` imports it on demand.
 ``triton.jit`` decides at import whether the kernels are compiled for a GPU or run by Triton's
 interpreter (``TRITON_INTERPRET=1``, which runs them on CPU tensors: the tests do).
 """
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rloo.generation.fused_head import FoldStats, TileGradInputs
+from rloo.forward.fused_head import FoldStats, TileGradInputs
 
 # vocabulary columns one program reads at a time (TRL's figure for its fold)
 BLOCK_V = 1024
@@ -99,7 +99,7 @@ def _grad_kernel(
 
 
 def fold_tile(tile: Tensor, ids: Tensor, stats: FoldStats, vocab_start: int, temperature: float) -> None:
-    """:func:`rloo.generation.fused_head.fold_tile_torch` by :func:`_fold_kernel`: ``stats`` updated in place."""
+    """:func:`rloo.forward.fused_head.fold_tile_torch` by :func:`_fold_kernel`: ``stats`` updated in place."""
     _fold_kernel[(tile.shape[0],)](
         tile,
         tile.stride(0),
@@ -117,7 +117,7 @@ def fold_tile(tile: Tensor, ids: Tensor, stats: FoldStats, vocab_start: int, tem
 
 
 def tile_grad(tile: Tensor, ids: Tensor, saved: TileGradInputs, vocab_start: int, temperature: float) -> None:
-    """:func:`rloo.generation.fused_head.tile_grad_torch` by :func:`_grad_kernel`: ``tile`` overwritten by
+    """:func:`rloo.forward.fused_head.tile_grad_torch` by :func:`_grad_kernel`: ``tile`` overwritten by
     ``dL/dlogits``."""
     n, cols = tile.shape
     lse = saved.lse

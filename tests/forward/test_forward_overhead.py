@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-import rloo.generation.forward_overhead as overhead_module
-from rloo.generation.forward_overhead import (
+import rloo.forward.forward_overhead as overhead_module
+from rloo.forward.forward_overhead import (
     CPU_OVERHEAD,
     MAX_OVERHEAD,
     forward_overhead,
     measure_overhead,
     overhead_from_timings,
 )
-from rloo.generation.shared_prompt import length_buckets
+from rloo.forward.shared_prompt import length_buckets
 from tests.helpers.models import make_model, make_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,11 +4,11 @@
 ``z = (h @ W^T + b) / T``, ``log p[y] = z[y] - logsumexp(z)``, ``H = logsumexp(z) - sum_v p_v z_v``, for
 ``hidden (n, D)``, ``weight (V, D)``, ``bias (V,)`` or None, ``ids (n,)``. Forward: for each tile, one GEMM
 in the passes' precision (cuBLAS, bf16 under autocast) gives ``(tokens, vocab tile)`` logits, and a fold
-(a Triton kernel on a GPU, :mod:`rloo.generation.fused_head_triton`; the same formula in torch ops,
+(a Triton kernel on a GPU, :mod:`rloo.forward.fused_head_triton`; the same formula in torch ops,
 :func:`fold_tile_torch`, elsewhere and as the tests' reference) adds the tile to per-token running
 statistics in float32: the max, the sum of exponentials, their logit-weighted sum (entropy), the target
 logit. Backward (:class:`_FusedHead`): each tile recomputed, overwritten by ``dL/dlogits``, and multiplied
-into ``grad_h`` and ``grad_W`` accumulated in float32. The chunked head (:mod:`rloo.generation.lm_head`)
+into ``grad_h`` and ``grad_W`` accumulated in float32. The chunked head (:mod:`rloo.forward.lm_head`)
 instead makes a float32 ``(n, V)`` copy of each chunk's logits, and again in its checkpoint's backward:
 several GB of float32 traffic per training pass at a 151,936-token vocabulary.
 
@@ -55,7 +55,7 @@ Fold = Literal["triton", "torch"]
 class HeadScoring:
     """What a pass's chunk score computes, for the fused head to compute the same: log-probs under
     ``softmax(logits / temperature)``, entropies where ``with_entropy`` (with a gradient where
-    ``entropy_requires_grad``). :class:`rloo.generation.logprobs.TokenScore` is one."""
+    ``entropy_requires_grad``). :class:`rloo.forward.logprobs.TokenScore` is one."""
 
     temperature: float
     with_entropy: bool
@@ -153,10 +153,10 @@ def tile_grad_torch(tile: Tensor, ids: Tensor, saved: TileGradInputs, vocab_star
 
 
 def triton_kernels() -> ModuleType | None:
-    """:mod:`rloo.generation.fused_head_triton`, or None where Triton does not import (it comes with CUDA
+    """:mod:`rloo.forward.fused_head_triton`, or None where Triton does not import (it comes with CUDA
     builds of torch)."""
     try:
-        return importlib.import_module("rloo.generation.fused_head_triton")
+        return importlib.import_module("rloo.forward.fused_head_triton")
     except ImportError:
         return None
 

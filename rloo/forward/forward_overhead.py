@@ -1,7 +1,7 @@
 """The fixed cost of one forward, in token-rows, measured once on the device the model runs on.
 
-The pass layouts (:mod:`rloo.generation.packing`: plain, shared prompts, packed rows; the length buckets
-of :mod:`rloo.generation.shared_prompt`) trade padding against extra forwards. What a forward costs
+The pass layouts (:mod:`rloo.forward.packing`: plain, shared prompts, packed rows; the length buckets
+of :mod:`rloo.forward.shared_prompt`) trade padding against extra forwards. What a forward costs
 beyond its tokens depends on the device: on a CPU it is little (a few dozen token-rows of a small model:
 :data:`CPU_OVERHEAD`), on a GPU a forward of a 0.5B model launches ~500-1,300 kernels whatever its size,
 ~15-25 ms of host time, while a token-row costs ~1-2 µs of compute: ~10^4 token-rows. With the CPU's
@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rloo.forward.lm_head import HeadInputs, chunkable_head
 from rloo.generation.device import model_device
-from rloo.generation.lm_head import HeadInputs, chunkable_head
 
 # a forward's fixed cost on a CPU, in token-rows of the model's own work (an estimate; the partition
 # depends little on it where buckets pay: the padding they save is thousands of token-rows)

@@ -3,7 +3,7 @@
 ``log pi(y_t | x, y_<t) = z[y_t] - logsumexp(z)`` with ``z = logits / T`` and T the
 sampling temperature (as TRL), computed for the sampled tokens only ("selective"). By default the
 LM head itself is applied chunk by chunk over the real completion tokens
-(:mod:`rloo.generation.lm_head`), so neither the ``(N, Tc, V)`` logits nor their log-softmax is ever
+(:mod:`rloo.forward.lm_head`), so neither the ``(N, Tc, V)`` logits nor their log-softmax is ever
 built; a model it cannot reproduce exactly gets the model's own logits, log-softmaxed in row chunks.
 """
 
@@ -16,11 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.stats import softmax_entropy
-from rloo.generation.fused_head import HeadScoring
-from rloo.generation.lm_head import chunked_logprobs
+from rloo.forward.fused_head import HeadScoring
+from rloo.forward.lm_head import chunked_logprobs
+from rloo.forward.packing import RowLengths, choose_layout, forward_cost, packed_logprobs, packs_rows
+from rloo.forward.shared_prompt import may_share, shared_prompt_logprobs
 from rloo.generation.multimodal import VisionInputs, prompt_positions
-from rloo.generation.packing import RowLengths, choose_layout, forward_cost, packed_logprobs, packs_rows
-from rloo.generation.shared_prompt import may_share, shared_prompt_logprobs
 
 
 class _SelectiveLogprob(torch.autograd.Function):
@@ -76,7 +76,7 @@ def token_logprobs_and_entropy(
 @dataclass(frozen=True)
 class TokenScore(HeadScoring):
     """A pass's chunk score: :func:`token_logprobs_and_entropy` of a chunk's logits at these settings,
-    which the fused head (:mod:`rloo.generation.fused_head`) reads to compute the same from the head's inputs."""
+    which the fused head (:mod:`rloo.forward.fused_head`) reads to compute the same from the head's inputs."""
 
     def __call__(self, logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         return token_logprobs_and_entropy(logits, ids, self.temperature, self.with_entropy, self.entropy_requires_grad)
@@ -91,7 +91,7 @@ def _laid_out_logprobs(
     share_prompts: bool,
     padding_free: bool,
 ) -> tuple[Tensor, Tensor | None] | None:
-    """The pass in the layout :func:`rloo.generation.packing.choose_layout` picks: rows packed (where
+    """The pass in the layout :func:`rloo.forward.packing.choose_layout` picks: rows packed (where
     ``padding_free`` and the model allow it and it costs fewer FLOPs), else prompts shared (where
     ``share_prompts`` allows it); None where the plain pass runs."""
     shared = share_prompts and may_share(model)
@@ -144,13 +144,13 @@ def completion_logprobs(
     gradient only with ``entropy_requires_grad`` (for an entropy bonus); else it is a metric.
     ``with_aux_loss``: ask a mixture-of-experts model for its router logits and return its ``aux_loss``.
     ``vision``: the rows' image inputs (a vision-language policy), as the sampler's prefill saw them.
-    ``chunked_head``: apply the LM head chunk by chunk (:mod:`rloo.generation.lm_head`), never building
+    ``chunked_head``: apply the LM head chunk by chunk (:mod:`rloo.forward.lm_head`), never building
     ``(N, Tc, V)`` logits; padding positions then get 0 (the plain path gives the pad token's log-prob
     there): callers mask them either way. A model the chunked path cannot reproduce takes the plain one.
     ``share_prompts`` (with ``chunked_head``): rows with the same prompt share one forward of it and their
-    completions run in length buckets (:mod:`rloo.generation.shared_prompt`), where the model and rows
+    completions run in length buckets (:mod:`rloo.forward.shared_prompt`), where the model and rows
     allow it. ``padding_free`` (with ``chunked_head``): the rows may be packed end to end
-    (:mod:`rloo.generation.packing`), where the model keeps packed rows apart; each pass takes the layout
+    (:mod:`rloo.forward.packing`), where the model keeps packed rows apart; each pass takes the layout
     (plain, shared prompts, packed) of the fewest FLOPs. ``max_logits_mib``: the
     chunked head's float32 logits per chunk (None: 64 MiB).
     """

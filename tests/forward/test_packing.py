@@ -1,4 +1,4 @@
-"""Padding-free passes (:mod:`rloo.generation.packing`): packed rows give the plain pass's log-probs,
+"""Padding-free passes (:mod:`rloo.forward.packing`): packed rows give the plain pass's log-probs,
 entropies and gradients for every family that keeps packed rows apart, the probe refuses the others, the
 FLOPs model against hand-computed counts, and a training run with ``padding_free`` on and off."""
 
@@ -12,11 +12,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import rloo.generation.logprobs as logprobs_module
-import rloo.generation.packing as packing
-import tests.generation.test_lm_head as chunked_head_test
-from rloo.generation.logprobs import TokenLogprobs, completion_logprobs
-from rloo.generation.packing import (
+import rloo.forward.logprobs as logprobs_module
+import rloo.forward.packing as packing
+import tests.forward.test_lm_head as chunked_head_test
+from rloo.forward.logprobs import TokenLogprobs, completion_logprobs
+from rloo.forward.packing import (
     ForwardCost,
     RowLengths,
     best_packing,
@@ -29,9 +29,9 @@ from rloo.generation.packing import (
     shared_flops,
 )
 from rloo.generation.rollout import Rollout
-from tests.generation.test_lm_head import rollout
+from tests.forward.test_lm_head import rollout
+from tests.forward.test_shared_prompt import rows_of_lengths
 from tests.generation.test_model_families import CLASSIC, FAMILIES, PROMPTS, build
-from tests.generation.test_shared_prompt import rows_of_lengths
 from tests.helpers.models import make_tokenizer, params, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

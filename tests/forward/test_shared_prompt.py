@@ -12,15 +12,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import rloo.generation.forward_overhead as overhead_module
-import rloo.generation.shared_prompt as shared_module
-import tests.generation.test_lm_head as chunked_head_test
+import rloo.forward.forward_overhead as overhead_module
+import rloo.forward.shared_prompt as shared_module
+import tests.forward.test_lm_head as chunked_head_test
 from rloo.algo.masks import completion_mask_from_lengths
-from rloo.generation.logprobs import TokenLogprobs
+from rloo.forward.logprobs import TokenLogprobs
+from rloo.forward.shared_prompt import length_buckets
 from rloo.generation.rollout import Rollout, left_pad
-from rloo.generation.shared_prompt import length_buckets
 from rloo.training.passes import no_grad_logprobs
-from tests.generation.test_lm_head import rollout
+from tests.forward.test_lm_head import rollout
 from tests.generation.test_model_families import FAMILIES, PROMPTS, build
 from tests.helpers.models import make_tokenizer
 
