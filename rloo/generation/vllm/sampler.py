@@ -2,12 +2,10 @@
 
 :class:`VLLMSampler` is a :class:`~rloo.generation.rollout.SamplingEngine`: called where rloo's own sampler
 (:func:`rloo.generation.rollout.generate_rollouts`) is, with its arguments, it returns the same
-:class:`~rloo.generation.rollout.Rollout`. Before a batch it
-sends the policy's weights when the policy has taken an optimizer step since the last send (as TRL syncs:
-when it generates), then checks the sync: the server greedily continues a fixed probe prompt and rloo's
-own forward scores those tokens; a gap beyond :data:`PROBE_TOLERANCE` (:data:`PROBE_TOLERANCE_HALF` in
-bf16/fp16) stops the run with a message (a sync that silently failed would train on the initial policy:
-verl#7495, OpenRLHF#1349).
+:class:`~rloo.generation.rollout.Rollout`. Before a batch it sends the policy's weights when the policy has
+taken an optimizer step since the last send (as TRL syncs: when it generates), then checks the sync
+(:mod:`rloo.generation.sync_check`): the server greedily continues a fixed probe prompt and rloo's own forward
+scores those tokens; a gap beyond :data:`PROBE_TOLERANCE` stops the run with a message.
 
 Randomness: with ``sampling_seed`` each prompt gets its own vLLM seed, derived from the seed and its group
 id, so a run samples the same completions wherever the server is (and however the prompts are batched);
@@ -36,13 +34,19 @@ from rloo.generation.device import is_peft_model
 from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, SamplingEngine, left_pad
 from rloo.generation.sampling import SamplingParams
+from rloo.generation.sync_check import ProbeTolerance, check_weight_sync, probe_logprobs
 from rloo.generation.vllm.client import VLLMClient
 
-# the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats): when rloo
-# computes in float32, and when it computes in bf16/fp16 (autocast or half weights: rounding alone reaches
-# ~0.016 on an H100, BENCHMARKS.md); a sync that did not take differs by nats once the policy has moved
-PROBE_TOLERANCE = 0.02
-PROBE_TOLERANCE_HALF = 0.1
+# the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats): another
+# engine's kernels, in float32; in bf16/fp16 (autocast or half weights) rounding alone reaches ~0.016 on an
+# H100 (BENCHMARKS.md); a sync that did not take differs by nats once the policy has moved
+PROBE_TOLERANCE = ProbeTolerance(full=0.02, half=0.1)
+_REFUSAL = (
+    "the vLLM server's weights disagree with the policy's after the sync: its log-probs of a probe prompt's "
+    "greedy tokens differ from rloo's by up to {gap:.3g} nats (tolerance {tolerance:g}). Check that the server "
+    "serves the same model architecture and dtype as the trainer (rloo vllm-serve --model PATH --dtype float32 "
+    "for a float32 run); training stopped so as not to learn from another policy's samples"
+)
 PROBE_TOKENS = 4
 _SEED_STRIDE = 1_000_003  # a prime: sampling seeds of different runs stay apart
 
@@ -130,27 +134,15 @@ class VLLMSampler(SamplingEngine):
         answer = self.client.generate([self.probe], n=1, max_tokens=PROBE_TOKENS, temperature=0.0)
         tokens, served = answer.completion_ids[0], answer.logprobs[0]
         device = next(model.parameters()).device
-        ids = torch.tensor([self.probe + tokens], device=device)
         was_training = model.training
         model.eval()
         try:
-            logits = model(input_ids=ids).logits[0, len(self.probe) - 1 : -1].float()
+            ours = probe_logprobs(model, torch.tensor(self.probe + tokens, device=device), len(self.probe))
         finally:
             model.train(was_training)
-        ours = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(self.probe) :, None]).squeeze(-1)
-        gap = float((ours.cpu() - torch.tensor(served)).abs().max())
-        self.last_gap = gap
         half = torch.is_autocast_enabled(device.type) or next(model.parameters()).dtype != torch.float32
-        tolerance = PROBE_TOLERANCE_HALF if half else PROBE_TOLERANCE
-        if gap > tolerance:
-            raise RuntimeError(
-                f"the vLLM server's weights disagree with the policy's after the sync: its log-probs of a probe "
-                f"prompt's greedy tokens differ from rloo's by up to {gap:.3g} nats (tolerance {tolerance}). "
-                "Check that the server serves the same model architecture and dtype as the trainer "
-                "(rloo vllm-serve --model PATH --dtype float32 for a float32 run); training stopped so as not "
-                "to learn from another policy's samples"
-            )
-        return gap
+        self.last_gap = check_weight_sync(ours, torch.tensor(served), PROBE_TOLERANCE.at(half), _REFUSAL)
+        return self.last_gap
 
     def __call__(
         self,
