@@ -30,7 +30,7 @@ completions (so K = 8 sees half the prompts K = 4 sees), with the same optimizer
 and number of generation batches. Every run of a seed starts from the same warm start (supervised
 on the task's demonstrations, stopped early). Held-out greedy accuracy is measured every
 ``eval_every`` generation batches on 300 held-out problems; every run measures the variance of its
-policy-gradient estimate twice (the trainer's ``log_grad_variance``, README: Live diagnostics).
+policy-gradient estimate twice (the trainer's ``log_grad_variance``, docs/metrics.md: Live diagnostics).
 
 Results: ``benchmarks/learning/results.json`` (``results-quick.json``), tables on stdout (the ones
 in BENCHMARKS.md), plots in ``benchmarks/learning/*.png``. Deterministic for a machine: budgets are
@@ -228,7 +228,7 @@ def run_one(start: Any, tokenizer: Any, task: Any, budget: Budget, seed: int, kn
 def sampling_means(log_history: list[dict[str, float]]) -> dict[str, Any]:
     """The run's means over its batches (it logs once, at its end) of the share of generated groups without a
     signal and, with dynamic sampling, of its rounds per batch and of the groups trained without a signal."""
-    from rloo.training import metric_names as names
+    from rloo.report import metric_names as names
 
     logged = next(row for row in reversed(log_history) if "reward" in row)
     zero_std = logged.get(names.GENERATED_ZERO_STD, logged[names.FRAC_TASK_REWARD_ZERO_STD])

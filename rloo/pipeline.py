@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from rloo.algo.advantages import clip_rewards, normalize_then_sum
 from rloo.data.images import encode_image_prompts, image_column, is_processor, row_images
 from rloo.data.prompts import TokenizedPrompts, encode_prompts, is_conversational, repeat_per_completion
 from rloo.generation.device import model_device
+from rloo.generation.engines import build_engine
 from rloo.generation.graph_decode import rollout_sampler
 from rloo.generation.multimodal import VisionInputs
-from rloo.generation.rollout import Rollout, generate_rollouts, pad_to_multiple
+from rloo.generation.rollout import Rollout, SamplingEngine, generate_rollouts, pad_to_multiple
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
 from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completions
@@ -72,8 +74,7 @@ class RolloutSettings:
     pad_to_multiple_of: int | None = None  # token tensors padded to a multiple of it (masked)
     compact_at: float | None = None  # sampler_compaction: finished rows leave the decode batch
     static_decode: bool | None = None  # sampler_cuda_graphs: the static-shape step (rloo.generation.graph_decode)
-    # another sampler with generate_rollouts' contract (use_vllm: rloo.generation.vllm_sampler), or None
-    engine: Any = None
+    engine: SamplingEngine | None = None  # another sampling engine (rloo.generation.engines), or None: rloo's own
     agent: AgentSettings | None = None  # multi-turn episodes with tools (rloo.tools), or None: one turn
     custom: Callable[[list[Any]], Any] | None = None  # rollout_func bound to the trainer: the user samples
 
@@ -99,22 +100,10 @@ class RolloutSettings:
             pad_to_multiple_of=args.pad_to_multiple_of,
             compact_at=args.sampler_compaction,
             static_decode=args.sampler_cuda_graphs,
-            engine=_engine(args),
+            engine=build_engine(args),
             agent=agent,
             custom=custom,
         )
-
-
-def _engine(args: Any) -> Any:
-    """The vLLM server's sampler when the config asks for it (``use_vllm``), else None (rloo's own)."""
-    if not getattr(args, "use_vllm", False):
-        return None
-    from rloo.config.fields.vllm import server_url
-    from rloo.generation.vllm_sampler import colocated_sampler, sampler_for
-
-    if args.vllm_mode == "colocate":
-        return colocated_sampler(args)
-    return sampler_for(server_url(args), float(args.vllm_server_timeout))
 
 
 @dataclass(frozen=True)
@@ -146,6 +135,17 @@ class ScoredRollout:
     def reward_completions(self) -> list[Any]:
         """The N completions as reward functions received them (:func:`completions_for_rewards`)."""
         return completions_for_rewards(self.completion_texts, self.prompts, self.episodes)
+
+
+def task_rewards(scored: ScoredRollout, args: Any, reward_weights: Tensor) -> Tensor:
+    """``(N,)`` the rewards the baseline sees before any KL penalty: the reward functions' weighted sum
+    (``multi_objective_aggregation="normalize_then_sum"``: GDPO's, each function normalized within its
+    group first), clipped to ``reward_clip_range``; ``reward_weights``: ``(F,)``."""
+    combined = scored.rewards.rewards
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        scores = scored.rewards.scores.values.to(combined)
+        combined = normalize_then_sum(scores, reward_weights.to(combined), scored.rollout.group_ids)
+    return clip_rewards(combined, args.reward_clip_range)
 
 
 def completions_for_rewards(texts: list[str], prompts: Sequence[Any], episodes: list[Episode] | None) -> list[Any]:
@@ -313,7 +313,7 @@ def sample_batch(
         tokenized, vision = agent.encode_episodes(inputs, tokenizer, settings.max_prompt_length, base), None
     else:
         tokenized, vision = encode_batch(processing_class, prompts, columns, settings)
-    sample = settings.engine or rollout_sampler(settings.static_decode, generate_rollouts)
+    sample: SamplingEngine = settings.engine or rollout_sampler(settings.static_decode, generate_rollouts)
     common = {
         "params": settings.sampling,
         "eos_token_ids": eos,
@@ -324,7 +324,7 @@ def sample_batch(
         "vision": vision,
         "all_done": all_done,
         "compact_at": settings.compact_at,
-        **({} if settings.engine is None else {"step": step}),
+        "step": step,
     }
     if agent is None or inputs is None:
         length = settings.max_completion_length

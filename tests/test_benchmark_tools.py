@@ -159,6 +159,7 @@ def test_gpu_report_medians_skip_the_warm_up_and_the_floors_by_hand() -> None:
     assert floor["batch"] == pytest.approx(floor["sampling"] + floor["logprobs"] + 2 * floor["update"])
 
 
+@pytest.mark.system
 def test_the_gpu_benchmark_dry_run_leaves_every_phase_and_the_table(tmp_path: Path) -> None:
     """``QUICK=1 bash benchmarks/gpu_vs_trl.sh``, its rloo and TRL fixed-length parts (the others run the same code
     on other settings): each implementation's JSON has every phase of every batch, the forwards per phase and the

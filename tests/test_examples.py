@@ -59,6 +59,7 @@ def _hub_cache_with_tiny_qwen3(cache: Path) -> None:
     (repo / "refs" / "main").write_text(commit)
 
 
+@pytest.mark.system
 def test_trls_rloo_example_runs_with_the_import_changed(tmp_path: Path) -> None:
     """TRL's examples/scripts/rloo.py, imports swapped and vLLM arguments removed, runs as written
     (offline: a tiny model under its hub id, NuminaMath-shaped rows, a recording hub client)."""

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rloo.tiny import save_tiny_model
@@ -83,6 +84,7 @@ def run_script(tmp_path: Path, source: str, *flags: str) -> subprocess.Completed
     )
 
 
+@pytest.mark.system
 def test_trls_rloo_script_trains_with_lora_and_evaluation(tmp_path: Path) -> None:
     inputs, out = write_inputs(tmp_path), tmp_path / "out"
     result = run_script(
@@ -109,6 +111,7 @@ def test_trls_rloo_script_trains_with_lora_and_evaluation(tmp_path: Path) -> Non
     assert any("eval_reward" in row for row in logged)  # eval_steps without eval_strategy evaluates (rloo's rule)
 
 
+@pytest.mark.system
 def test_trls_rloo_script_trains_on_a_vllm_server(tmp_path: Path) -> None:
     """TRL's script with TRL's vLLM flags (server mode): its completions come from `rloo vllm-serve`."""
     inputs, out = write_inputs(tmp_path), tmp_path / "out"

@@ -1,4 +1,5 @@
-"""The ``rloo`` command line: ``train``, ``eval``, ``report``, ``demo``, ``demo-tools`` and ``bandit``.
+"""The ``rloo`` command line: ``train``, ``eval``, ``report``, ``plan`` and ``vllm-serve``; the demos
+(``demo``, ``demo-tools``, ``bandit``) register on the same app from :mod:`rloo.cli.demo_commands`.
 
 Heavy imports (torch, transformers) happen inside the commands, so ``rloo --help`` is fast.
 """
@@ -13,7 +14,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperCommand
 
 from rloo.training.monitoring.logs import log_console
@@ -144,8 +144,8 @@ def train(
         print(yaml.safe_dump(run_file.to_dict(), sort_keys=False), end="")  # plain: pipe it to a file
         return
     from rloo.cli.run_file import train_from_run_file
-    from rloo.training.checkpointing.checkpoints import ResumeRefused, latest_checkpoint
-    from rloo.training.checkpointing.run_folder import LOG_FILES, earlier_run_files
+    from rloo.training.checkpointing.checkpoints import latest_checkpoint
+    from rloo.training.checkpointing.run_folder import LOG_FILES, ResumeRefused, earlier_run_files
     from rloo.training.monitoring.signals import TrainingInterrupted
 
     try:
@@ -284,123 +284,11 @@ def _column_renames(items: list[str]) -> dict[str, str] | None:
 @app.command(cls=_EitherSpelling)
 def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> None:
     """(Re)build RUN_DIR/report.html from the run's metrics and completions."""
-    from rloo.cli.report import build_report
+    from rloo.report.page import build_report
 
     with _one_line_errors():
         path = build_report(run_dir)
     console.print(f"report written to {path}")
-
-
-def _demo_folder(output_dir: str | None, default: str) -> str:
-    """A demo's run folder: ``default`` (or ``default-N`` if taken: a demo never overwrites a run), or the
-    given one if it is new or empty (else exit 2, nothing changed)."""
-    from rloo.training.checkpointing.run_folder import fresh_run_folder
-
-    if output_dir is None:
-        return str(fresh_run_folder(Path(default)))
-    if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
-        raise _fail(f"{output_dir} already exists and is not empty; choose a new --output-dir (nothing was changed)")
-    return output_dir
-
-
-@app.command(cls=_EitherSpelling)
-def demo(
-    steps: int = typer.Option(500, help="RLOO steps (the control takes as many supervised steps)."),
-    num_generations: int = typer.Option(4, help="Completions per prompt (K)."),
-    prompts_per_step: int = typer.Option(64, help="Prompts per RLOO step."),
-    learning_rate: float = typer.Option(5e-4, help="RLOO learning rate."),
-    eval_problems: int = typer.Option(500, help="Held-out problems to evaluate on."),
-    hidden_size: int = typer.Option(128, help="Model width."),
-    num_layers: int = typer.Option(2, help="Model depth."),
-    warm_start_steps: int = typer.Option(3000, help="Most supervised warm-start steps (it stops early at 40%)."),
-    seed: int = typer.Option(0, help="Random seed."),
-    output_dir: str = typer.Option(None, help="Run folder \\[default: runs/demo, or runs/demo-N if taken]."),
-) -> None:
-    """Offline demo: RLOO fixes a tiny model's imperfectly taught arithmetic (about 2 min on 2 CPU cores)."""
-    import time
-
-    from rloo.cli.demo import DemoOptions, demo_table, run_demo
-
-    output_dir = _demo_folder(output_dir, "runs/demo")
-    with _one_line_errors():
-        options = DemoOptions(
-            steps=steps,
-            num_generations=num_generations,
-            prompts_per_step=prompts_per_step,
-            learning_rate=learning_rate,
-            eval_problems=eval_problems,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            warm_start_steps=warm_start_steps,
-            seed=seed,
-            output_dir=output_dir,
-        )
-    start = time.perf_counter()
-    result = run_demo(options, log=lambda text: errors.print(f"[bold]{text}[/bold]", highlight=False))
-    total = time.perf_counter() - start  # the RLOO run wrote report.html
-    console.print(demo_table(result, num_generations))
-    summary: dict[str, Any] = {
-        "accuracy": {name: acc.__dict__ for name, acc in result.rows.items()},
-        "seconds": {**result.seconds, "total": total},
-    }
-    (result.output_dir / "demo_results.json").write_text(json.dumps(summary, indent=1))
-    gain = result.rows["+ RLOO"].greedy - result.rows["warm start"].greedy
-    console.print(
-        f"RLOO: {gain * 100:+.1f} points of greedy accuracy over the warm start, in {total:.0f} s in all. "
-        f"Run folder: {result.output_dir} (report.html, metrics.jsonl, completions.jsonl, demo_results.json)"
-    )
-
-
-@app.command("demo-tools", cls=_EitherSpelling)
-def demo_tools(
-    steps: int = typer.Option(40, help="RLOO steps (the control takes as many supervised steps)."),
-    num_generations: int = typer.Option(4, help="Episodes per prompt (K)."),
-    prompts_per_step: int = typer.Option(32, help="Prompts per RLOO step."),
-    learning_rate: float = typer.Option(1e-3, help="RLOO learning rate."),
-    tool_share: float = typer.Option(0.3, help="Share of the teacher's episodes that call the tool."),
-    warm_start_steps: int = typer.Option(
-        1500, help="Most supervised warm-start steps (it stops at the teacher's level)."
-    ),
-    hidden_size: int = typer.Option(128, help="Model width."),
-    num_layers: int = typer.Option(2, help="Model depth."),
-    seed: int = typer.Option(0, help="Random seed."),
-    output_dir: str = typer.Option(
-        None, help="Run folder \\[default: runs/demo-tools, or runs/demo-tools-N if taken]."
-    ),
-) -> None:
-    """Offline agentic demo: RLOO teaches a tiny model when to call a multiply tool (a few minutes on 2 CPU cores)."""
-    import time
-
-    from rloo.cli.tool_demo import ToolDemoOptions, run_tool_demo, tool_demo_table
-
-    output_dir = _demo_folder(output_dir, "runs/demo-tools")
-    with _one_line_errors():
-        options = ToolDemoOptions(
-            steps=steps,
-            num_generations=num_generations,
-            prompts_per_step=prompts_per_step,
-            learning_rate=learning_rate,
-            tool_share=tool_share,
-            warm_start_steps=warm_start_steps,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            seed=seed,
-            output_dir=output_dir,
-        )
-    start = time.perf_counter()
-    result = run_tool_demo(options, log=lambda text: errors.print(f"[bold]{text}[/bold]", highlight=False))
-    total = time.perf_counter() - start
-    console.print(tool_demo_table(result))
-    summary = {
-        "accuracy": {name: acc.__dict__ for name, acc in result.rows.items()},
-        "seconds": {**result.seconds, "total": total},
-    }
-    (result.output_dir / "demo_results.json").write_text(json.dumps(summary, indent=1))
-    gain = result.rows["+ RLOO"].greedy - result.rows["warm start"].greedy
-    console.print(
-        f"RLOO: {gain * 100:+.1f} points of right answers over the warm start, in {total:.0f} s in all. "
-        f"Run folder: {result.output_dir} (report.html, metrics.jsonl, completions.jsonl, demo_results.json)"
-    )
 
 
 @app.command(cls=_EitherSpelling, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -439,40 +327,11 @@ def vllm_serve(ctx: typer.Context) -> None:
     """Serve a model on vLLM for use_vllm=True, vllm_mode='server' (trl vllm-serve's flags: --model, --port...)."""
     import os
 
-    from rloo.generation.vllm_client import vllm_python
+    from rloo.generation.vllm.client import vllm_python
 
     with _one_line_errors():
         python = vllm_python()
-    os.execv(python, [python, "-m", "rloo.generation.vllm_server", *ctx.args])
-
-
-@app.command(cls=_EitherSpelling)
-def bandit(
-    num_groups: int = typer.Option(20000, help="Groups of K samples per estimate."),
-    seed: int = typer.Option(0, help="Random seed."),
-) -> None:
-    """Measure the leave-one-out baseline's variance reduction on a softmax bandit, against its closed form.
-
-    Variance reduction = 1 - Var(g_rloo) / Var(g_none), on the same samples: as grad_var/reduction_vs_none.
-    """
-    import torch
-
-    from rloo.algo.bandit import closed_form_variance, exact_gradient, variance_reduction
-
-    theta = torch.tensor([0.5, -0.3, 0.1, 0.8, -1.0], dtype=torch.float64)
-    arm_rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.8], dtype=torch.float64)
-    table = Table(title="Softmax bandit: variance reduction, RLOO vs no baseline")
-    table.add_column("K", justify="right")
-    table.add_column("measured", justify="right")
-    table.add_column("closed form", justify="right")
-    for k in (2, 4, 8, 16):
-        exact = 1 - closed_form_variance(theta, arm_rewards, k, "rloo") / closed_form_variance(
-            theta, arm_rewards, k, "reinforce"
-        )
-        table.add_row(str(k), f"{variance_reduction(theta, arm_rewards, k, num_groups, seed):.1%}", f"{exact:.1%}")
-    console.print(f"exact gradient: {exact_gradient(theta, arm_rewards).numpy().round(4)}")
-    console.print(table)
-    console.print("variance reduction = 1 - Var(g_rloo) / Var(g_none), as the trainer's grad_var/reduction_vs_none")
+    os.execv(python, [python, "-m", "rloo.generation.vllm.server", *ctx.args])
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ large models or natural-language tasks.
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rloo.cli.demo_options import DemoSizes
 from rloo.cli.supervised import Demonstration, greedy_scores, supervised_train
 from rloo.pipeline import RolloutSettings, generate_and_score
 from rloo.rewards.builtins import accuracy_reward
@@ -143,40 +143,21 @@ def evaluate(
 
 
 @dataclass(frozen=True)
-class DemoOptions:
+class DemoOptions(DemoSizes):
     """Sizes of the demo; the defaults finish in about 2 minutes on 2 CPU cores."""
 
     steps: int = 500
     num_generations: int = 4
     prompts_per_step: int = 64
     learning_rate: float = 5e-4
-    warm_start_accuracy: float = 0.40
     warm_start_steps: int = 3000
+    warm_start_accuracy: float = 0.40
     eval_problems: int = 500
-    hidden_size: int = 128
-    num_layers: int = 2
-    seed: int = 0
-    output_dir: str = "runs/demo"
 
     def __post_init__(self) -> None:
-        # checked before the warm start, so a typo costs no minutes
-        for option, value, minimum in (
-            ("--steps", self.steps, 1),
-            ("--num-generations", self.num_generations, 2),
-            ("--prompts-per-step", self.prompts_per_step, 1),
-            ("--eval-problems", self.eval_problems, 1),
-            ("--hidden-size", self.hidden_size, 4),
-            ("--num-layers", self.num_layers, 1),
-            ("--warm-start-steps", self.warm_start_steps, 1),
-        ):
-            if value < minimum:
-                raise ValueError(f"{option}={value} is invalid: it must be >= {minimum}")
-        if self.hidden_size % 4:
-            raise ValueError(
-                f"--hidden-size={self.hidden_size} is invalid: it must be a multiple of 4 (attention heads)"
-            )
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ValueError(f"--learning-rate={self.learning_rate} is invalid: it must be a finite number > 0")
+        super().__post_init__()
+        if self.eval_problems < 1:
+            raise ValueError(f"--eval-problems={self.eval_problems} is invalid: it must be >= 1")
 
 
 @dataclass(frozen=True)

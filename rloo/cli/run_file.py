@@ -18,7 +18,6 @@ Command-line overrides are ``dotted.key=value`` with YAML values (``peft.r=8``).
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import os
 import sys
@@ -29,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from rloo.cli.files import annotation_text, read_yaml_mapping, yaml_problem
+from rloo.cli.trl_args import TRL_SCRIPT_FIELDS
 from rloo.config import RLOOConfig
 from rloo.config.trl.grpo_names import GRPO_NAMES
 from rloo.config.trl.legacy import REFUSED, RENAMED
@@ -62,7 +63,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw else None
     except yaml.YAMLError as error:
-        raise ValueError(f"override {text!r}: the value is not valid YAML: {_yaml_problem(error)}") from None
+        raise ValueError(f"override {text!r}: the value is not valid YAML: {yaml_problem(error)}") from None
     return key.split("."), value
 
 
@@ -124,15 +125,6 @@ def coerce_field(name: str, value: Any, annotation: str) -> Any:
         if _CHECK.get(kind, lambda v: True)(converted):
             return converted
     raise ValueError(f"`{name}` expects {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
-
-
-def annotation_text(annotation: Any) -> str:
-    """``int``, ``int | None``, ``list[str]``: the text of a resolved annotation.
-
-    ``str(int)`` is ``"<class 'int'>"``, so a plain class is named by its ``__name__``.
-    """
-    text = annotation.__name__ if type(annotation) is type else str(annotation)
-    return text.replace("typing.", "").replace("NoneType", "None")
 
 
 def build_config(values: dict[str, Any]) -> RLOOConfig:
@@ -251,7 +243,6 @@ def load_run_file(
 def _refuse_trl_config(path: str | Path | None, loaded: dict[str, Any]) -> None:
     """A TRL config (``model_name_or_path:``, ``dataset_name:``...) given where a run file goes: say
     to pass it with ``--config``, as ``trl rloo`` takes it, rather than "needs `model`"."""
-    from rloo.cli.trl_args import TRL_SCRIPT_FIELDS  # it imports this module
 
     trl_keys = [key for key in loaded if key in TRL_SCRIPT_FIELDS and key not in RUN_KEYS]
     if trl_keys:
@@ -268,33 +259,12 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"run file {str(file)!r} is a folder; give the YAML file (e.g. {str(file / 'config.yaml')!r})")
     if not file.is_file():
         raise ValueError(f"run file {str(file)!r} not found")
-    try:
-        loaded = yaml.safe_load(utf8_text(file, "run file")) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"run file {str(file)!r} is not valid YAML: {_yaml_problem(error)}") from None
-    if not isinstance(loaded, dict):
-        raise ValueError(f"run file {str(file)!r} must be a YAML mapping of keys to values")
+    loaded = read_yaml_mapping(file, "run file", f"run file {str(file)!r}", "keys to values")
     # its module:function rewards, tools and hooks may live next to it (as a script's imports), wherever rloo runs
     folder = str(file.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
     return loaded
-
-
-def utf8_text(file: Path, what: str) -> str:
-    """The text of a UTF-8 file (a leading byte-order mark dropped), whatever the locale's encoding; a
-    ``ValueError`` naming the file and the first line that is not UTF-8 (not Python's bare
-    ``UnicodeDecodeError`` with a byte position)."""
-    data = file.read_bytes().removeprefix(codecs.BOM_UTF8)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"{what} {str(file)!r} is not UTF-8 text (line {line}: byte {data[error.start]:#04x}, {error.reason}); "
-            "save it as UTF-8, e.g. iconv -f ENCODING -t utf-8 FILE > NEW with ENCODING the one it was written in "
-            "(such as latin1)"
-        ) from None
 
 
 def build_peft_config(values: dict[str, Any]) -> Any:
@@ -349,10 +319,3 @@ def train_from_run_file(run_file: RunFile, resume: bool | str, console: Any) -> 
         console.print(f"done: model in {trainer.output_dir / 'final'}{built}", highlight=False)
     trainer.ranks.barrier()  # every process exits once the main one has written everything
     return trainer
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """``line L, column C: <problem>`` of a YAML error, without PyYAML's multi-line context."""
-    mark = getattr(error, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + str(getattr(error, "problem", None) or error)

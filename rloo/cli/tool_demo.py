@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rloo.cli.demo_options import DemoSizes
 from rloo.cli.supervised import supervised_train
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, generate_and_score
@@ -187,36 +188,21 @@ def evaluate_tools(model: nn.Module, tokenizer: Any, problems: list[Product]) ->
 
 
 @dataclass(frozen=True)
-class ToolDemoOptions:
+class ToolDemoOptions(DemoSizes):
     """Sizes of the demo; the defaults finish in a few minutes on 2 CPU cores."""
 
     steps: int = 40
     num_generations: int = 4
     prompts_per_step: int = 32
     learning_rate: float = 1e-3
-    tool_share: float = 0.3
     warm_start_steps: int = 1500
-    hidden_size: int = 128
-    num_layers: int = 2
-    seed: int = 0
     output_dir: str = "runs/demo-tools"
+    tool_share: float = 0.3
 
     def __post_init__(self) -> None:
-        for option, value, minimum in (
-            ("--steps", self.steps, 1),
-            ("--num-generations", self.num_generations, 2),
-            ("--prompts-per-step", self.prompts_per_step, 1),
-            ("--warm-start-steps", self.warm_start_steps, 1),
-            ("--num-layers", self.num_layers, 1),
-        ):
-            if value < minimum:
-                raise ValueError(f"{option}={value} is invalid: it must be >= {minimum}")
-        if self.hidden_size < 4 or self.hidden_size % 4:
-            raise ValueError(f"--hidden-size={self.hidden_size} is invalid: a multiple of 4 (attention heads)")
+        super().__post_init__()
         if not 0 < self.tool_share < 1:
             raise ValueError(f"--tool-share={self.tool_share} is invalid: the teacher's share of tool calls, in (0, 1)")
-        if not self.learning_rate > 0:
-            raise ValueError(f"--learning-rate={self.learning_rate} is invalid: it must be > 0")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from rloo.cli.run_file import annotation_text, utf8_text
+from rloo.cli.files import annotation_text, read_yaml_mapping
 from rloo.config import RLOOConfig
 from rloo.config.fields.declare import default_value, trl_name
 from rloo.config.trl.grpo_names import GRPO_NAMES
@@ -249,12 +249,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--config {path!r}: no such file; give a YAML file of TRL flags (model_name_or_path: ...)")
-    try:
-        values = yaml.safe_load(utf8_text(file, "--config")) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"--config {path!r} is not valid YAML: {error}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {path!r} must be a YAML mapping of flags to values")
+    values = read_yaml_mapping(file, "--config", f"--config {path!r}", "flags to values")
     env = values.pop("env", None) or {}
     if not isinstance(env, dict):
         raise ValueError(f"--config {path!r}: `env` must map variable names to values")
@@ -386,6 +381,6 @@ def fields_help() -> str:
     paragraphs.append(
         "TRL's script and model flags: "
         + ", ".join(f"--{name}" for name in TRL_SCRIPT_FIELDS if name not in REFUSED_FLAGS)
-        + " (see the README's 'Migrating from TRL')."
+        + " (see docs/migrating-from-trl.md)."
     )
     return "\n\n".join(paragraphs)

@@ -149,7 +149,7 @@ class StreamedRows:
         return rows
 
     def next_rows(self, n: int) -> list[dict[str, Any]]:
-        from rloo.data.loading import PROMPT_COLUMN, mixed_prompts_error, prompt_problem
+        from rloo.data.prompt_checks import PROMPT_COLUMN, mixed_prompts_error, prompt_problem
 
         out: list[dict[str, Any]] = []
         while len(out) < n:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rloo.data.loading import PROMPT_COLUMN, prompt_problem
+from rloo.data.prompt_checks import PROMPT_COLUMN, prompt_problem
 
 if TYPE_CHECKING:
     import datasets

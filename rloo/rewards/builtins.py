@@ -5,7 +5,7 @@ Every reward function has TRL's signature: it is called with keyword arguments
 ``prompts``, ``completions``, ``completion_ids``, every dataset column by name and
 ``trainer_state``, and returns one float per completion, or ``None`` where it does not
 apply (see :mod:`rloo.rewards.calling`). Completions may be strings or conversations
-(``[{"role": "assistant", "content": text}]``); :func:`completion_text` turns either into
+(``[{"role": "assistant", "content": text}]``); :func:`rloo.rewards.signatures.completion_text` turns either into
 the text that is scored.
 
 Where we depart from TRL's ``trl.rewards``:
@@ -29,45 +29,17 @@ import functools
 import math
 import numbers
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rloo.rewards.code_execution import code_execution_reward
 from rloo.rewards.overlong import soft_overlong_punishment
+from rloo.rewards.signatures import completion_text
 
 if TYPE_CHECKING:
     from rloo.rewards.calling import RewardFunc
 
 Rewards = list[float | None]
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one completion: a string as is; a conversation -> the content of its last
-    ``assistant`` message (the last message if none has that role); a single message dict ->
-    its content. ``None`` content is ``""``; a list of content parts joins their ``text``."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        return _content_text(completion.get("content"))
-    if isinstance(completion, Sequence):
-        if not completion:
-            return ""
-        assistant = [m for m in completion if isinstance(m, Mapping) and m.get("role") == "assistant"]
-        last = assistant[-1] if assistant else completion[-1]
-        return completion_text(last)
-    raise TypeError(
-        f"a completion is a string or a list of {{'role', 'content'}} messages, got {type(completion).__name__}"
-    )
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):  # multimodal parts: [{"type": "text", "text": ...}, ...]
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return str(content)
 
 
 # ---------------------------------------------------------------------------- accuracy

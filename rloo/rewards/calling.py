@@ -20,13 +20,11 @@ Where we depart from TRL:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import inspect
 import math
 import numbers
-import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +35,7 @@ from torch import Tensor
 from rloo.algo.advantages import combine_rewards
 from rloo.rewards.reward_log import RewardLog
 from rloo.rewards.signatures import arguments_for, check_reward_arguments
+from rloo.rewards.threads import run_async, watched, with_timeout
 
 RewardOutput = Sequence[float | None] | Tensor | np.ndarray
 RewardFunc = Callable[..., RewardOutput | Awaitable[RewardOutput]]
@@ -166,7 +165,7 @@ def compute_rewards(
     watch = None
     if policy.watching():
         watch = functools.partial(policy.report, n=n)
-    gathered = _run_async(
+    gathered = run_async(
         async_funcs,
         [arguments_for(f, kwargs) for f in async_funcs],
         policy.timeout,
@@ -239,114 +238,20 @@ def _call_sync(func: RewardFunc, name: str, n: int, kwargs: dict[str, Any], poli
         # A plain function may still hand back an awaitable (e.g. a lambda around a coroutine).
         if inspect.isawaitable(result):
             awaitable = result
-            (result,) = _run_async([lambda: awaitable], [{}], None)
+            (result,) = run_async([lambda: awaitable], [{}], None)
             if isinstance(result, BaseException):
                 raise result
         return result
 
     try:
         if timeout is not None:
-            return _with_timeout(call, timeout)
+            return with_timeout(call, timeout)
         if policy.watching():
             assert policy.watch_after is not None
-            return _watched(call, policy.watch_after, lambda seconds: policy.report(name, n, seconds))
+            return watched(call, policy.watch_after, lambda seconds: policy.report(name, n, seconds))
         return call()
     except Exception as error:
         return _failure(name, n, error, timeout)
-
-
-def in_thread(call: Callable[[], Any], name: str = "rloo-reward") -> tuple[threading.Thread, dict[str, Any]]:
-    """``call()`` started in a daemon thread; its result (``box["result"]``) or exception (``box["error"]``)
-    lands in the returned box. Reward calls and tool calls (:mod:`rloo.tools.calling`) run this way."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = call()
-        except BaseException as error:  # handed to the caller's thread
-            box["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True, name=name)
-    thread.start()
-    return thread, box
-
-
-def _outcome(box: dict[str, Any]) -> Any:
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def _watched(call: Callable[[], Any], watch_after: float, report: Callable[[float], None]) -> Any:
-    """``call()`` in a daemon thread, waited for without a limit; ``report(seconds)`` after ``watch_after``
-    seconds, then at each doubling, while it runs (from this thread: the console is not thread-safe)."""
-    thread, box = in_thread(call)
-    waited, wait = 0.0, watch_after
-    while True:
-        thread.join(wait)
-        if not thread.is_alive():
-            return _outcome(box)
-        waited += wait
-        report(waited)
-        wait = waited  # the next report when the time so far has doubled
-
-
-def _with_timeout(call: Callable[[], Any], timeout: float) -> Any:
-    """``call()`` in a daemon thread, waited for ``timeout`` seconds: a hung function keeps its
-    thread (Python cannot kill one) but no longer holds the run, nor the interpreter's exit."""
-    thread, box = in_thread(call)
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError
-    return _outcome(box)
-
-
-def _run_async(
-    funcs: Sequence[Callable[..., Any]],
-    kwargs: Sequence[dict[str, Any]],
-    timeout: float | None,
-    watch: Callable[..., None] | None = None,
-    names: Sequence[str] = (),
-    watch_after: float | None = None,
-) -> list[Any]:
-    """Await every ``funcs[i](**kwargs[i])`` together in one event loop; exceptions are returned, not raised.
-    ``watch(name, seconds=...)``: the watchdog's report of a call still running after ``watch_after`` seconds
-    (then at each doubling)."""
-    if not funcs:
-        return []
-
-    async def call(func: Callable[..., Any], arguments: dict[str, Any]) -> Any:
-        # Called inside the coroutine so a bad signature is caught per function, too.
-        return await asyncio.wait_for(func(**arguments), timeout)
-
-    async def gather() -> list[Any]:
-        calls = [call(f, a) for f, a in zip(funcs, kwargs, strict=True)]
-        if watch is None or watch_after is None:
-            return await asyncio.gather(*calls, return_exceptions=True)
-        tasks = [asyncio.ensure_future(c) for c in calls]
-        waited, wait = 0.0, watch_after
-        while True:
-            _, pending = await asyncio.wait(tasks, timeout=wait)
-            if not pending:
-                break
-            waited += wait
-            for task, name in zip(tasks, names, strict=True):
-                if task in pending:
-                    watch(name, seconds=waited)
-            wait = waited
-        return [task.exception() or task.result() for task in tasks]
-
-    return _run_coroutine(gather)
-
-
-def _run_coroutine(make: Callable[[], Coroutine[Any, Any, list[Any]]]) -> list[Any]:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    # This thread's loop is blocked by our synchronous caller, so use a fresh thread and loop.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def _to_column(result: Any, name: str, n: int) -> tuple[Tensor, int]:

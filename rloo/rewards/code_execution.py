@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rloo.rewards.sandbox import SandboxLimits, SandboxResult, run_in_sandbox, sandbox_backend
+from rloo.rewards.signatures import completion_text
 
 if TYPE_CHECKING:
     from rloo.rewards.calling import RewardFunc
@@ -129,8 +130,6 @@ def code_execution_reward(
     pool_size = workers or os.cpu_count() or 1
 
     def code_execution(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
-        from rloo.rewards.builtins import completion_text  # builtins imports this module
-
         if column not in kwargs:
             raise KeyError(f"code_execution needs dataset column {column!r}; columns given: {sorted(kwargs)}")
         tests = [parse_test_cases(cell, column, row) for row, cell in enumerate(kwargs[column])]

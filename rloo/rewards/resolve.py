@@ -17,12 +17,14 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rloo.config.trl.legacy import reward_funcs_or_reward_model
+from rloo.data.loading import column_names
 from rloo.rewards.builtins import BUILTIN_REWARDS, RUNS_MODEL_CODE
-from rloo.rewards.calling import RewardFunc
+from rloo.rewards.calling import CallPolicy, RewardFunc, RewardFunctions
 from rloo.suggest import unknown_name_error
 
 _IMPORT_STRING = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -181,3 +183,37 @@ def _choices() -> str:
         f"Built-in rewards: {', '.join(BUILTIN_REWARDS)}; or give 'package.module:function' "
         "or a reward model folder (with config.json)"
     )
+
+
+def run_rewards(
+    args: Any,
+    reward_funcs: Any,
+    reward_model: Any,
+    reward_processing_classes: Any,
+    dataset: Any,
+    warn: Callable[[str], None] | None = None,
+    extra: Sequence[Any] = (),
+    extra_columns: Sequence[str] = (),
+) -> RewardFunctions:
+    """The run's :class:`RewardFunctions`: TRL's ``reward_funcs`` (or the older ``reward_model``) and ``extra``
+    ones (environments' ``get_reward``, weight 1 as TRL's, which then make ``reward_funcs`` optional); every
+    function's arguments checked against the training ``dataset``'s columns and ``extra_columns`` (None: not
+    checked; a ``rollout_func`` adds columns of its own). ``warn``: where the reward watchdog reports a call
+    that runs long (:class:`rloo.rewards.calling.CallPolicy`)."""
+    funcs = []
+    if reward_funcs is not None or reward_model is not None or not extra:
+        funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
+    weights = None if args.reward_weights is None else list(args.reward_weights)
+    if extra and weights is not None:
+        if len(weights) != len(funcs):
+            raise ValueError(
+                f"RLOOConfig.reward_weights has {len(weights)} entries but there are {len(funcs)} reward functions "
+                "(the environments' get_reward weigh 1 and need none); give one weight per function"
+            )
+        weights += [1.0] * len(extra)
+    rewards = RewardFunctions(
+        [*funcs, *extra], weights, CallPolicy(args.reward_timeout, args.reward_error_policy, warn=warn)
+    )
+    if dataset is not None:
+        rewards.check_arguments([*column_names(dataset), *extra_columns])
+    return rewards

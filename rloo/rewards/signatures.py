@@ -7,6 +7,8 @@ column it lists in a ``required_columns`` attribute, where a tuple means "one of
 refused when the trainer is built,
 naming the function, the argument and the columns there are, instead of failing at the first
 step.
+
+How they receive a completion: a string, or a conversation whose scored text :func:`completion_text` reads.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # what every reward function may ask for, besides the dataset columns
@@ -78,3 +80,32 @@ def check_reward_arguments(funcs: Iterable[Any], names: Iterable[str], columns: 
                 f"column (columns: {', '.join(sorted(columns)) or 'none'}; every function may also take "
                 f"{', '.join(STANDARD_ARGUMENTS)}). Add the column, rename the argument, or give it a default"
             )
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a string as is; a conversation -> the content of its last
+    ``assistant`` message (the last message if none has that role); a single message dict ->
+    its content. ``None`` content is ``""``; a list of content parts joins their ``text``."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return _content_text(completion.get("content"))
+    if isinstance(completion, Sequence):
+        if not completion:
+            return ""
+        assistant = [m for m in completion if isinstance(m, Mapping) and m.get("role") == "assistant"]
+        last = assistant[-1] if assistant else completion[-1]
+        return completion_text(last)
+    raise TypeError(
+        f"a completion is a string or a list of {{'role', 'content'}} messages, got {type(completion).__name__}"
+    )
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # multimodal parts: [{"type": "text", "text": ...}, ...]
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return str(content)

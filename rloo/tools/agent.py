@@ -12,11 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rloo.config.trl.legacy import reward_funcs_or_reward_model
-from rloo.data.loading import column_names
 from rloo.data.prompts import TokenizedPrompts, encode_prompts
-from rloo.rewards.calling import CallPolicy, RewardFunctions
-from rloo.rewards.resolve import resolve_rewards
 from rloo.tools.calling import Toolbox
 from rloo.tools.environments import Environments, environment_tools, with_observation
 from rloo.tools.episodes import Episode, EpisodeLimits
@@ -40,6 +36,13 @@ class AgentSettings:
     tools: tuple[Callable[..., Any], ...]
     limits: EpisodeLimits
     environments: Environments | None = None
+
+    def reward_extras(self) -> tuple[list[Any], list[str]]:
+        """What the environments add to the run's rewards: each environment class's ``get_reward``, and the
+        ``environments`` argument reward functions may take (none without environments)."""
+        if self.environments is None:
+            return [], []
+        return list(self.environments.rewards()), ["environments"]
 
     @classmethod
     def from_config(
@@ -125,41 +128,6 @@ def resolve_tools(specs: Sequence[Any] | None) -> list[Callable[..., Any]] | Non
                 "{name: python, sandbox: ..., <its limits>} or 'package.module:function'"
             )
     return tools
-
-
-def run_rewards(
-    args: Any,
-    agent: AgentSettings | None,
-    reward_funcs: Any,
-    reward_model: Any,
-    reward_processing_classes: Any,
-    dataset: Any,
-    warn: Callable[[str], None] | None = None,
-) -> RewardFunctions:
-    """The run's :class:`RewardFunctions`: TRL's ``reward_funcs`` (or the older ``reward_model``) and, with
-    environments, each environment class's ``get_reward`` (weight 1, as TRL), which then makes ``reward_funcs``
-    optional; every function's arguments checked against the training ``dataset``'s columns (and
-    ``environments``); None: not checked (a ``rollout_func`` adds columns of its own). ``warn``: where the
-    reward watchdog reports a call that runs long (:class:`rloo.rewards.calling.CallPolicy`)."""
-    extra = [] if agent is None or agent.environments is None else agent.environments.rewards()
-    funcs = []
-    if reward_funcs is not None or reward_model is not None or not extra:
-        funcs = resolve_rewards(reward_funcs_or_reward_model(reward_funcs, reward_model), reward_processing_classes)
-    weights = None if args.reward_weights is None else list(args.reward_weights)
-    if extra and weights is not None:
-        if len(weights) != len(funcs):
-            raise ValueError(
-                f"RLOOConfig.reward_weights has {len(weights)} entries but there are {len(funcs)} reward functions "
-                "(the environments' get_reward weigh 1 and need none); give one weight per function"
-            )
-        weights += [1.0] * len(extra)
-    rewards = RewardFunctions(
-        [*funcs, *extra], weights, CallPolicy(args.reward_timeout, args.reward_error_policy, warn=warn)
-    )
-    if dataset is not None:
-        columns = column_names(dataset)
-        rewards.check_arguments([*columns, *(["environments"] if agent is not None and agent.environments else [])])
-    return rewards
 
 
 def episode_counts(episodes: Sequence[Episode], model_tokens: float, episode_tokens: float) -> list[float]:

@@ -10,7 +10,7 @@ answers it, and counted as a failure: the model reads the error and the run goes
 The calls of all episodes run concurrently, each in its own thread (an ``async`` tool in its own event
 loop there), so one slow tool costs the batch its own time, not the sum. A call that outlives
 ``tool_timeout`` keeps its daemon thread (Python cannot kill one) but no longer holds the run, as a reward
-function past ``reward_timeout`` does (:func:`rloo.rewards.calling._with_timeout`; here the calls start
+function past ``reward_timeout`` does (:func:`rloo.rewards.threads.with_timeout`; here the calls start
 together and share one deadline).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rloo.rewards.calling import in_thread
+from rloo.rewards.threads import in_thread
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def _error(name: str, message: str) -> ToolAnswer:
 
 
 class _Call:
-    """One tool call running in a daemon thread (:func:`rloo.rewards.calling.in_thread`)."""
+    """One tool call running in a daemon thread (:func:`rloo.rewards.threads.in_thread`)."""
 
     def __init__(self, name: str, tool: Callable[..., Any], arguments: dict[str, Any]) -> None:
         self.name, self.tool, self.arguments = name, tool, arguments

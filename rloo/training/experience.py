@@ -24,10 +24,8 @@ from torch import Tensor, nn
 from rloo.algo.advantages import (
     BatchStats,
     batch_stats,
-    clip_rewards,
     get_advantage_estimator,
     normalize_advantages,
-    normalize_then_sum,
     rows_with_baseline,
 )
 from rloo.algo.importance import engine_importance_weights, weight_stats
@@ -35,11 +33,12 @@ from rloo.algo.kl import get_kl_estimator, kl_penalized_rewards
 from rloo.algo.masks import mask_truncated
 from rloo.algo.objective import ObjectiveInputs, policy_objective
 from rloo.config import RLOOConfig
+from rloo.generation.engines import engine_entry
 from rloo.generation.rollout import Rollout
 from rloo.generation.sampling import SamplingParams
-from rloo.pipeline import ScoredRollout
+from rloo.pipeline import ScoredRollout, task_rewards
+from rloo.report import metric_names as names
 from rloo.tools.agent import episode_counts, tool_metrics
-from rloo.training import metric_names as names
 from rloo.training.metrics import (
     add_image_files,
     append_jsonl,
@@ -65,17 +64,6 @@ class StoredLogprobs:
     reference: Tensor | None
 
 
-def task_rewards(scored: ScoredRollout, args: RLOOConfig, reward_weights: Tensor) -> Tensor:
-    """``(N,)`` the rewards the baseline sees before any KL penalty: the reward functions' weighted sum
-    (``multi_objective_aggregation="normalize_then_sum"``: GDPO's, each function normalized within its
-    group first), clipped to ``reward_clip_range``; ``reward_weights``: ``(F,)``."""
-    combined = scored.rewards.rewards
-    if args.multi_objective_aggregation == "normalize_then_sum":
-        scores = scored.rewards.scores.values.to(combined)
-        combined = normalize_then_sum(scores, reward_weights.to(combined), scored.rollout.group_ids)
-    return clip_rewards(combined, args.reward_clip_range)
-
-
 @dataclass(kw_only=True)
 class ExperienceMaker:
     """Phases 3 and 4 for one run: stored log-probs, then the train batch.
@@ -99,15 +87,16 @@ class ExperienceMaker:
     def __post_init__(self) -> None:
         args = self.args
         self.spec = args.algorithm
-        sampling = SamplingParams.from_config(args)
+        sampling, engine = SamplingParams.from_config(args), engine_entry(args)
         # the sampler's log-probs are another engine's (vLLM) or older weights' (max_staleness): off-policy
-        self.off_policy = args.use_vllm or args.max_staleness > 0
+        self.off_policy = engine.separate or args.max_staleness > 0
         # they are of the scored distribution, log_softmax(logits / T): rloo's sampler's always; vLLM's
         # without penalty or truncation
-        self.engine_logprobs = self.off_policy and (sampling.plain or not args.use_vllm)
+        scored = engine.logprobs_are_scored(sampling)
+        self.engine_logprobs = self.off_policy and scored
         self.correct_engines = self.engine_logprobs and args.vllm_importance_sampling_correction
         self.correction_off: str | None = None
-        if args.use_vllm and args.vllm_importance_sampling_correction and not sampling.plain:
+        if args.vllm_importance_sampling_correction and not scored:
             # said at the first batch: the run folder (warnings.log) is not open yet
             self.correction_off = (
                 "vllm_importance_sampling_correction is off for this run: with top_p < 1, top_k, min_p or "

@@ -14,7 +14,7 @@ from torch import Tensor
 from rloo.algo.advantages import frac_zero_std_groups
 from rloo.algo.stats import pass_at_k
 from rloo.pipeline import ScoredRollout
-from rloo.training import metric_names
+from rloo.report import metric_names
 from rloo.training.passes import PassResult
 
 

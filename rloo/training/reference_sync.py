@@ -20,13 +20,11 @@ mixes the adapter's weights (LoRA's A and B each), the parameters the policy tra
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rloo.training.checkpointing.checkpoints import load_checkpoint_states
 from rloo.training.parallel.fsdp import full_state_loading
 from rloo.training.setup.reference_adapter import (
     REFERENCE_ADAPTER,
@@ -80,29 +78,26 @@ class ReferenceSync:
         return {name: p.detach().to("cpu", copy=True) for name, p in self.reference.named_parameters()}
 
     @torch.no_grad()
-    def restore(self, checkpoint: Path) -> None:
-        """Load the reference saved in ``checkpoint``'s training state; one saved without sync has
-        none, and the reference stays the initial model."""
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Load the reference :meth:`state` saved (a checkpoint's entry under :attr:`KEY`)."""
         if self.adapter:
-            self._restore_adapter(checkpoint)
+            self._restore_adapter(saved)
             return
         if not self.enabled or self.reference is None:
             return
-        saved = load_checkpoint_states(checkpoint)[1].get(self.KEY) or {}
         parameters = dict(self.reference.named_parameters())
         if set(saved) != set(parameters):
-            raise ValueError(f"{checkpoint}: its saved reference model does not match this model's parameters")
+            raise ValueError("the checkpoint's saved reference model does not match this model's parameters")
         for name, value in saved.items():
             parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
 
-    def _restore_adapter(self, checkpoint: Path) -> None:
+    def _restore_adapter(self, saved: dict[str, Any]) -> None:
         """The reference adapter as saved; a checkpoint of an older rloo has none, and it stays the
         copy of the adapter this trainer was given."""
-        saved = load_checkpoint_states(checkpoint)[1].get(self.KEY)
         if not saved:
             return
         if set(saved) != set(self._adapter()):
-            raise ValueError(f"{checkpoint}: its saved reference adapter does not match this model's adapter")
+            raise ValueError("the checkpoint's saved reference adapter does not match this model's adapter")
         with full_state_loading(self.policy):
             load_adapter_state(self.policy, REFERENCE_ADAPTER, saved)
 

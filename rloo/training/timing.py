@@ -7,6 +7,7 @@ A generation batch goes through (``RLOOTrainer._train_on_next_batch``, read top 
                      report its workers', and ``rollout`` the time the trainer waited);
 3.   ``logprobs``    reference and old log-probs;
 4.   ``advantages``  KL penalty, baseline, the batch's metrics;
+     ``diagnostics`` the completion log and the gradient-variance probe, when due;
 5.   ``update``      forward/backward passes and the optimizer step, once per optimizer step;
 6.   ``log``         logging, evaluation and checkpoints after each optimizer step.
 
@@ -21,11 +22,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 # every phase a step is timed in, in order (``timing/<phase>``)
-PHASES = ("rollout", "generate", "score", "logprobs", "advantages", "update", "log")
-BATCH_PHASES = ("rollout", "logprobs", "advantages")  # once per generation batch, outside the update
+PHASES = ("rollout", "generate", "score", "logprobs", "advantages", "diagnostics", "update", "log")
+BATCH_PHASES = ("rollout", "logprobs", "advantages", "diagnostics")  # once per generation batch, outside the update
 
 
 class PhaseTimer:
@@ -50,8 +51,8 @@ class PhaseTimer:
 
     def step_metrics(self, steps_per_generation: int, completion_tokens: float) -> dict[str, float]:
         """``timing/<phase>`` of the last optimizer step; ``timing/step``: its update plus its share of the
-        batch's phases 1-4; ``step_time`` (TRL's name): its update; ``tokens_per_second``: completion
-        tokens generated (by every process) per second of the batch's phases 1-5."""
+        batch's phases 1-4 (diagnostics included); ``step_time`` (TRL's name): its update; ``tokens_per_second``:
+        completion tokens generated (by every process) per second of the batch's phases 1-5."""
         update = self.last["update"]
         batch_seconds = sum(self.last.get(phase, 0.0) for phase in BATCH_PHASES)
         seconds = batch_seconds + update * steps_per_generation

@@ -3,14 +3,15 @@
 One *generation batch* is P prompts x K completions. ``_train_on_next_batch`` runs its phases,
 each one call in a named timer (``timing/<phase>``, :mod:`rloo.training.timing`):
 
-1-2. rollout    K completions per prompt, sampled and scored (:func:`rloo.pipeline.generate_and_score`),
+1-2. rollout    K completions per prompt, sampled and scored (:class:`rloo.training.rollouts.maker.RolloutMaker`),
                 from the rollout source (:mod:`rloo.training.rollouts`: refilled with groups that
                 have a signal with ``dynamic_sampling``), stamped with the policy version that
                 sampled them;
 3.   logprobs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
                 more than one optimizer step (else the current ones, detached, are it);
 4.   advantages KL penalty (where its placement puts it) and the baseline of the estimator
-                (phases 3-4: :class:`rloo.training.experience.ExperienceMaker`);
+                (phases 3-4: :class:`rloo.training.experience.ExperienceMaker`); then, when due, the
+                completion log and the gradient-variance probe (``diagnostics``);
 5.   update     per optimizer step (``num_iterations`` passes of micro-batches with gradient
                 accumulation): clipping, the optimizer and the LR schedule (:mod:`rloo.training.update`);
 6.   log        per optimizer step: logs, evaluation, checkpoints.
@@ -18,11 +19,13 @@ each one call in a named timer (``timing/<phase>``, :mod:`rloo.training.timing`)
 Departures from TRL are listed in :mod:`rloo.config.rloo_config` and :mod:`rloo.algo.advantages`.
 """
 
+# size: RLOOTrainer wires the run's ~20 collaborators (__init__) and keeps TRL's public methods (train, evaluate,
+# save_model, push_to_hub, end); the step itself, _train_on_next_batch, is ~20 lines and calls one object per phase
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +40,13 @@ from rloo.config.fields.rollouts import staleness_caution
 from rloo.config.trl.legacy import check_trainer_arguments
 from rloo.data.loading import load_eval_sets, load_train_and_eval
 from rloo.data.prompt_order import row_source
-from rloo.data.prompts import columns_of
 from rloo.generation.attention_backend import sdpa_priority
-from rloo.pipeline import RolloutSettings, ScoredRollout, generate_and_score
-from rloo.rewards.resolve import check_code_rewards, processing_classes
-from rloo.tools.agent import AgentSettings, run_rewards
+from rloo.pipeline import RolloutSettings, ScoredRollout
+from rloo.report import metric_names as names
+from rloo.rewards.resolve import check_code_rewards, processing_classes, run_rewards
+from rloo.tools.agent import AgentSettings
 from rloo.tools.environments import environment_rows
 from rloo.tools.rollout_func import bind_rollout_func
-from rloo.training import metric_names as names
 from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
 from rloo.training.callbacks import CallbackMethods, Callbacks
 from rloo.training.checkpointing import checkpoints
@@ -80,7 +82,10 @@ from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine
 from rloo.training.passes import TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
-from rloo.training.rollouts.source import PipelinedRollouts, RolloutSource, check_policy_version, rollout_source
+from rloo.training.rollouts.build import rollout_source
+from rloo.training.rollouts.maker import RolloutMaker
+from rloo.training.rollouts.source import ROLLOUTS_KEY, RolloutSource
+from rloo.training.rollouts.versions import check_policy_version
 from rloo.training.setup.models import load_processing_class, prepare_policy, resolve_mixed_precision
 from rloo.training.setup.optimization import prepare_training, total_steps
 from rloo.training.setup.quantized import with_quantization
@@ -149,7 +154,8 @@ class RLOOTrainer(CallbackMethods):
         self.processing_class = load_processing_class(model, processing_class, policy, datasets, args)
         # tools / environments (checked above, before the model loads): an environment's get_reward is a reward
         rewards = (reward_funcs, reward_model, reward_processing_classes)  # rollout_func: columns of its own
-        self.rewards = run_rewards(args, agent, *rewards, None if rollout_func else self.train_dataset, self.warn)
+        extras = agent.reward_extras() if agent is not None else ([], [])
+        self.rewards = run_rewards(args, *rewards, None if rollout_func else self.train_dataset, self.warn, *extras)
         self.reward_funcs = self.rewards.funcs  # TRL's attributes
         self.reward_processing_classes = processing_classes(self.rewards.funcs)
 
@@ -163,15 +169,29 @@ class RLOOTrainer(CallbackMethods):
         self.rollout_settings = RolloutSettings.from_config(
             args, agent=agent, custom=bind_rollout_func(rollout_func, self)
         )
+        self.make_rollouts = RolloutMaker(  # phases 1-2, for the rollout source and the evaluation
+            policy=lambda: self.unwrapped_model,
+            processing_class=self.processing_class,
+            rewards=self.rewards,
+            settings=self.rollout_settings,
+            trainer_state=lambda: self.state,
+            autocast=self.accelerator.autocast,
+            all_done=self.ranks.all_done,
+        )
         self.rollouts: RolloutSource = rollout_source(  # max_staleness >= 1: older weights; dynamic_sampling
             args,
             self.ranks,
             lambda: self.unwrapped_model,
             (self.processing_class, self.rollout_settings),  # a rollout worker's
             prompts=self.sampler,
-            generate=functools.partial(self._scored_rollout, sampling_seed=args.seed),
+            generate=functools.partial(self.make_rollouts, sampling_seed=args.seed),
             reward_weights=self.rewards.weights,  # dynamic_sampling: which groups have a signal
         )
+        # what a checkpoint keeps besides weights, optimizer, schedule, RNG and prompt order: saved, restored alike
+        self.parts: dict[str, checkpoints.CheckpointPart] = {
+            ReferenceSync.KEY: self.reference_sync,
+            ROLLOUTS_KEY: self.rollouts,
+        }
         # the full run file when built by ``rloo train``; written as config.yaml
         self.run_config: dict[str, Any] | None = None
         self._window: list[dict[str, float]] = []
@@ -195,7 +215,7 @@ class RLOOTrainer(CallbackMethods):
             self.ranks,
             self.rewards.names,
             self.rollout_settings,
-            lambda *given, **named: self._scored_rollout(*given, **named),  # late-bound: a test wraps it
+            self.make_rollouts,
             self.experience.eval_loss,
         )
         self.grad_variance = GradVarianceProbe.for_run(args, self.ranks)  # None: log_grad_variance off
@@ -287,11 +307,14 @@ class RLOOTrainer(CallbackMethods):
             logprobs = self.experience.logprobs(scored.rollout)
         with timer("advantages"):  # 4. KL penalty, baseline, the batch's metrics
             batch = self._train_batch(scored, logprobs)
+        with timer("diagnostics"):  # the completion log and the gradient-variance probe, when due
+            self._diagnose(scored, batch)
         for n, step_rows in enumerate(self._optimizer_steps(batch)):
             with timer("update"):  # 5. forward/backward passes and the optimizer step (the first on-policy)
-                metrics = self._optimizer_step(batch, step_rows, first=n == 0)
+                outcome = self.updater.step(batch, step_rows, self.state.global_step, first=n == 0)
+                batch = outcome.batch  # the first step's fresh old log-probs, for the later steps
             with timer("log"):  # 6. log, evaluate, save
-                self._finish_step({**batch.metrics, **metrics})
+                self._finish_step({**batch.metrics, **outcome.metrics}, outcome.skipped)
         if self._checkpoint_due:  # at a generation-batch boundary: it resumes exactly
             with timer("log"):
                 self._save_checkpoint()
@@ -307,13 +330,17 @@ class RLOOTrainer(CallbackMethods):
         return scored
 
     def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
-        args, step = self.args, self.state.global_step
+        step = self.state.global_step
         batch = self.experience.train_batch(scored, logprobs)
         assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
         batch.metrics[names.POLICY_VERSION] = float(scored.policy_version)
         batch.metrics[names.STALENESS] = float(step - scored.policy_version)
         batch.metrics.update(self.rollouts.metrics())
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored)
+        return batch
+
+    def _diagnose(self, scored: ScoredRollout, batch: TrainBatch) -> None:
+        args, step = self.args, self.state.global_step
         if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
             self.experience.log_completions(step, scored, batch.advantages)
         if self.grad_variance is not None and self.grad_variance.due(step):
@@ -321,33 +348,6 @@ class RLOOTrainer(CallbackMethods):
             assert rewards is not None  # every batch of ExperienceMaker.train_batch has them
             model, autocast = self.unwrapped_model, self.accelerator.autocast
             batch.metrics.update(self.grad_variance.measure(model, batch, rewards, scorable, autocast))
-        return batch
-
-    def _scored_rollout(
-        self,
-        rows: list[dict[str, Any]],
-        group_ids: Sequence[int],
-        sampling_seed: int,
-        settings: RolloutSettings | None = None,
-        model: Any = None,
-        sampled: Any = None,
-    ) -> ScoredRollout:
-        """Phases 1-2 for dataset ``rows`` (``settings``: the run's by default; ``model``: the policy's;
-        ``sampled``: a rollout worker's batch, only scored)."""
-        return generate_and_score(
-            self.unwrapped_model if model is None else model,
-            self.processing_class,
-            [row["prompt"] for row in rows],
-            columns_of(rows),
-            self.rewards,
-            settings or self.rollout_settings,
-            group_ids=group_ids,
-            sampling_seed=sampling_seed,
-            trainer_state=self.state,
-            autocast=self.accelerator.autocast,
-            all_done=self.ranks.all_done,
-            sampled=sampled,
-        )
 
     def _optimizer_steps(self, batch: TrainBatch) -> Iterator[list[Tensor]]:
         """This process's micro-batches of each optimizer step ``batch`` feeds (``num_iterations``
@@ -363,15 +363,11 @@ class RLOOTrainer(CallbackMethods):
                 self.callback_handler.fire("on_step_begin")
                 yield rows[start : start + accumulation]
 
-    def _optimizer_step(self, batch: TrainBatch, step_rows: list[Tensor], first: bool) -> dict[str, float]:
-        outcome = self.updater.step(batch, step_rows, self.state.global_step, first)
-        if outcome.skipped:
-            self.warn(SKIPPED_STEP)
-        return outcome.metrics
-
     # ------------------------------------------------------------------ logging and checkpoints
-    def _finish_step(self, metrics: dict[str, float]) -> None:
+    def _finish_step(self, metrics: dict[str, float], skipped: bool = False) -> None:
         args, state = self.args, self.state
+        if skipped:
+            self.warn(SKIPPED_STEP)
         state.global_step += 1
         self.rollouts.policy_updated(state.global_step)
         state.total_loss += metrics["loss"]
@@ -431,9 +427,7 @@ class RLOOTrainer(CallbackMethods):
         weights = checkpoints.checked_weights(self.unwrapped_model, f"checkpoint-{self.state.global_step}")
         rng = self.ranks.gather_objects(rng_state())
         objects = (self.optimizer, self.scheduler, self.sampler)
-        state = checkpoints.training_state(*objects, rng, self.unwrapped_model, self.accelerator.scaler)
-        state[ReferenceSync.KEY] = self.reference_sync.state()
-        state[PipelinedRollouts.KEY] = self.rollouts.state()
+        state = checkpoints.training_state(*objects, rng, self.unwrapped_model, self.accelerator.scaler, self.parts)
         path = self.ranks.on_main(
             lambda: checkpoints.save_checkpoint(
                 self.output_dir,
@@ -453,11 +447,9 @@ class RLOOTrainer(CallbackMethods):
     def _load_checkpoint(self, path: Path) -> None:
         objects = (self.optimizer, self.scheduler, self.sampler)
         trainer_state = checkpoints.restore_checkpoint(
-            path, self.unwrapped_model, *objects, rank=self.ranks.rank, scaler=self.accelerator.scaler
+            path, self.unwrapped_model, *objects, rank=self.ranks.rank, scaler=self.accelerator.scaler, parts=self.parts
         )
         trainer_state.pop("world_size", None)
-        self.reference_sync.restore(path)
-        self.rollouts.restore(checkpoints.load_checkpoint_states(path)[1].get(PipelinedRollouts.KEY) or {})
         self.state = TrainerState.from_dict({**trainer_state, "max_steps": self.state.max_steps})
         self.console.print(f"resumed from {path} at step {self.state.global_step}")
 

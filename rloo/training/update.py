@@ -21,8 +21,8 @@ from torch import Tensor
 from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
-from rloo.generation.packing import host_to_device
-from rloo.training import metric_names as names
+from rloo.forward.packing import host_to_device
+from rloo.report import metric_names as names
 from rloo.training.metrics import update_metrics
 from rloo.training.monitoring.nonfinite import NonFiniteGuard
 from rloo.training.parallel.distributed import Ranks, reduce_step_metrics
@@ -63,6 +63,7 @@ def compile_for_training(model: Any, args: RLOOConfig) -> Any:
 class StepOutcome:
     metrics: dict[str, float]
     skipped: bool  # non-finite loss or gradient: no update was made
+    batch: TrainBatch  # what the batch's later steps train on: the first step's with its fresh old log-probs
 
 
 class Updater:
@@ -106,9 +107,11 @@ class Updater:
 
     def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int, first: bool = False) -> StepOutcome:
         """One optimizer step over ``step_rows`` (this process's micro-batches of the step). ``first``: the
-        batch's first optimizer step, on-policy: stored old log-probs are replaced by the training pass's
-        own (:func:`pass_loss`'s ``fresh_old``), which the batch's later steps then compare with."""
+        batch's first optimizer step, on-policy: its rows' stored old log-probs are replaced by the training
+        pass's own (:func:`pass_loss`'s ``fresh_old``) in the returned batch, which the batch's later steps then
+        compare with (``batch`` itself, frozen, is left as it is)."""
         args = self.args
+        fresh_old = batch.old_logprobs.clone() if first and batch.old_logprobs is not None else None
         # rows per pass within max_logits_memory_mb; compiled passes take the plain head
         cap = args.per_device_train_batch_size
         max_rows = max_rows_per_pass(
@@ -142,15 +145,13 @@ class Updater:
                     max_logits_mib=args.max_logits_memory_mb,
                     share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
                     padding_free=args.padding_free and not self.ranks.lockstep,
-                    fresh_old=first and batch.old_logprobs is not None,
+                    fresh_old=fresh_old is not None,
                 )
             self.accelerator.backward(result.loss * 0.0 if filler else result.loss)
             if not filler:
                 results.append(result)
-                if result.current is not None and batch.old_logprobs is not None:
-                    batch.old_logprobs[passes[i], : result.current.shape[1]] = result.current.to(
-                        batch.old_logprobs.dtype
-                    )
+                if result.current is not None and fresh_old is not None:
+                    fresh_old[passes[i], : result.current.shape[1]] = result.current.to(fresh_old.dtype)
         zero_grads_if_none(self.model)
         grad_norm = self.reduce_and_clip()
         # clip fractions over every row's actions: a skipped row (A = 0) is never clipped
@@ -173,7 +174,8 @@ class Updater:
         metrics["train/nonfinite_steps"] = float(self.guard.total)
         metrics["grad_norm"] = grad_norm
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
-        return StepOutcome(metrics, skipped)
+        after = batch if fresh_old is None else dataclasses.replace(batch, old_logprobs=fresh_old)
+        return StepOutcome(metrics, skipped, after)
 
     def reduce_and_clip(self) -> float:
         """Sum the gradients over processes (FSDP has, in its backward hooks) and clip them to

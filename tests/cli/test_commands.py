@@ -371,7 +371,7 @@ def test_the_readme_demo_table_is_read_whole() -> None:
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
     tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rloo.cli.report as report
+    import rloo.report.page as report
 
     def broken(run_dir: Path) -> Path:
         raise KeyError("boom")

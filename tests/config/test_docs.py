@@ -1,4 +1,5 @@
-"""Every RLOOConfig field is documented where it is declared, and README's field table is generated from it."""
+"""Every RLOOConfig field is documented where it is declared, and the field table of docs/configuration.md is
+generated from it."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from rloo.config.docs import fields_markdown
 from rloo.config.fields.declare import trl_name
 from tests.helpers.paths import REPO
 
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "configuration.md"
 START, END = "<!-- config-fields:start -->", "<!-- config-fields:end -->"
-REGENERATE = "regenerate it with `.venv/bin/python -m rloo.config` and paste it between the markers"
+REGENERATE = "regenerate it with `.venv/bin/python scripts/regen_docs.py`"
 
 
 def constructor_fields() -> list[dataclasses.Field[object]]:
     return [f for f in dataclasses.fields(RLOOConfig) if f.init]
 
 
-def readme_block() -> str:
-    text = README.read_text()
-    assert text.count(START) == 1 and text.count(END) == 1, f"README.md needs one {START} ... {END} block"
+def table_block() -> str:
+    text = PAGE.read_text()
+    assert text.count(START) == 1 and text.count(END) == 1, f"{PAGE.name} needs one {START} ... {END} block"
     return text.split(START, 1)[1].split(END, 1)[0]
 
 
@@ -35,12 +36,12 @@ def test_every_field_is_documented(f: dataclasses.Field[object]) -> None:
     assert trl is None or re.fullmatch(r"\w+( \(\w+\))?", trl), trl
 
 
-def test_readme_table_is_generated_from_the_metadata() -> None:
-    assert readme_block() == "\n" + fields_markdown() + "\n", f"README.md's field table is stale: {REGENERATE}"
+def test_the_docs_table_is_generated_from_the_metadata() -> None:
+    assert table_block() == "\n" + fields_markdown() + "\n", f"{PAGE.name}'s field table is stale: {REGENERATE}"
 
 
-def test_readme_table_names_every_field() -> None:
-    rows = {line.split("|")[1].strip().strip("`") for line in readme_block().strip().splitlines()[2:]}
+def test_the_docs_table_names_every_field() -> None:
+    rows = {line.split("|")[1].strip().strip("`") for line in table_block().strip().splitlines()[2:]}
     assert rows == set(RLOOConfig.field_names())
     assert len(RLOOConfig.field_names()) == len(constructor_fields()) == fields_markdown().count("\n") - 1
 

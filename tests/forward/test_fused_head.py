@@ -46,6 +46,7 @@ def interpreted_triton() -> None:
     pytest.importorskip("triton", reason="triton is not installed (the dev extra installs it on Linux)")
 
 
+@pytest.mark.system
 def test_the_triton_kernels_in_triton_s_interpreter() -> None:
     """This file's ``triton`` tests, in a process started with ``TRITON_INTERPRET=1``: every one passes."""
     if interpreting():

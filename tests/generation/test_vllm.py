@@ -20,16 +20,16 @@ from transformers import AutoModelForCausalLM
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
-from rloo.generation.vllm_client import VLLMClient, vllm_python
-from rloo.generation.vllm_sampler import VLLMSampler
+from rloo.generation.vllm.client import VLLMClient, vllm_python
+from rloo.generation.vllm.sampler import VLLMSampler
 from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 from tests.helpers.launch import assert_ok, free_port, torchrun, write_run_file
 from tests.helpers.models import dataset, frac7, make_tokenizer
 from tests.helpers.processes import child_env
 from tests.helpers.serving import vllm_server
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.system]
 PROMPTS = [[5, 6, 7, 8, 9], [20, 21, 22], [30, 31, 32, 33]]
 EOS = 2  # the tiny tokenizer's </s>
 
@@ -208,13 +208,13 @@ def test_vllm_serve_finds_the_vllm_environment_or_says_how_to_make_it(
 ) -> None:
     import importlib.util
 
-    from rloo.generation import vllm_client
+    from rloo.generation.vllm import client as vllm_client
 
     monkeypatch.setenv("RLOO_VLLM_PYTHON", "/some/python")
     assert vllm_python() == "/some/python"
     monkeypatch.delenv("RLOO_VLLM_PYTHON")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(vllm_client, "__file__", str(tmp_path / "rloo" / "generation" / "vllm_client.py"))
+    monkeypatch.setattr(vllm_client, "__file__", str(tmp_path / "rloo" / "generation" / "vllm" / "client.py"))
     with pytest.raises(ValueError, match="run `make vllm` in the rloo checkout"):
         vllm_python()
     (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
@@ -331,7 +331,7 @@ def _has_vllm_env() -> bool:
 def test_colocate_without_vllm_installed_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.util
 
-    from rloo.generation import vllm_sampler
+    from rloo.generation.vllm import sampler as vllm_sampler
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
@@ -437,7 +437,7 @@ def test_image_prompts_with_vllm_are_refused_naming_the_fix(model_dir: Path) -> 
 def test_sleep_mode_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.util
 
-    from rloo.generation.vllm_colocate import LocalEngine
+    from rloo.generation.vllm.colocate import LocalEngine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else real(name))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.tiny import save_tiny_model
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 
 def main(out: Path) -> None:

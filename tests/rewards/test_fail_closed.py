@@ -128,6 +128,7 @@ def test_rloo_train_refuses_either_before_loading_anything_and_names_the_opt_out
 # ---------------------------------------------------------------------------- the opt-out, wherever it is chosen
 
 
+@pytest.mark.system
 @pytest.mark.usefixtures("no_bwrap")
 def test_the_opt_out_is_reachable_from_a_run_file_and_from_rloo_trains_flags(tmp_path: Path) -> None:
     (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "2", "test_cases": CODE_EXECUTION}) + "\n")
@@ -152,6 +153,7 @@ def test_the_opt_out_is_reachable_from_a_run_file_and_from_rloo_trains_flags(tmp
         load_run_file(tmp_path / "run.yaml", ["tools=[{name: python, sandbox: none, memory: 1}]"])
 
 
+@pytest.mark.system
 @pytest.mark.usefixtures("no_bwrap")
 def test_the_unsafe_opt_out_is_warned_once_and_keeps_only_the_rlimits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

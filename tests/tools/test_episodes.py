@@ -235,6 +235,7 @@ def test_two_tools_with_one_name_are_refused_when_the_trainer_is_built(tmp_path:
         AgentSettings.from_config(RLOOConfig(output_dir=str(tmp_path)), [multiply, twin])
 
 
+@pytest.mark.system
 def test_two_processes_run_the_same_episodes_and_update_as_one(tmp_path: Path) -> None:
     """LoRA, tools and an evaluation each step: one process and two (each a half of the batch) log the same
     tool metrics, rewards and losses, and end with the same adapters."""

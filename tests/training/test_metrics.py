@@ -17,7 +17,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rloo import RLOOTrainer
 from rloo.algo.stats import masked_mean
-from rloo.generation.logprobs import completion_logprobs
+from rloo.forward.logprobs import completion_logprobs
 from rloo.training.metrics import completion_metrics
 from rloo.training.parallel.distributed import reduce_step_metrics
 from rloo.training.passes import TrainBatch, no_grad_logprobs
@@ -159,7 +159,7 @@ def test_reward_functions_log_extra_columns_and_metrics_as_in_trl(tmp_path: Path
         completions = [row["completion"] for row in rows if row["step"] == step - 1]
         expected = (sum(map(len, completions)) / len(completions) + 0.0) / 2
         assert step_log["custom/mean_chars"] == pytest.approx(expected)
-    from rloo.cli.report import build_report
+    from rloo.report.page import build_report
 
     page = build_report(tmp_path / "run").read_text()
     assert "<th>length_class</th>" in page  # the report's samples show the column

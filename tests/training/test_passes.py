@@ -137,8 +137,8 @@ def test_detached_current_logprobs_equal_a_separate_old_pass(tmp_path: Path) -> 
     )
     twin = trainer(tmp_path / "b", max_steps=1, beta=0.0)
     rows = [torch.arange(batch.num_rows)]
-    plain._optimizer_step(batch, rows, first=True)
-    twin._optimizer_step(with_old, rows, first=False)  # the stored old log-probs, as a later step reads them
+    plain.updater.step(batch, rows, 0, first=True)
+    twin.updater.step(with_old, rows, 0, first=False)  # the stored old log-probs, as a later step reads them
     assert_same(params(plain.unwrapped_model), params(twin.unwrapped_model))
 
 

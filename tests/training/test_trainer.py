@@ -56,6 +56,7 @@ TRL_METRICS = [
     "timing/score",
     "timing/logprobs",
     "timing/advantages",
+    "timing/diagnostics",
     "timing/update",
     "timing/step",
     "policy_version",
@@ -152,6 +153,37 @@ def test_a_reused_batchs_first_step_is_on_policy_whatever_the_stored_old_logprob
     first = last_train_log(t)
     assert first["clip_ratio/region_mean"] == 0.0
     assert first["first_step/abs_log_ratio"] == pytest.approx(0.05, abs=1e-4)
+
+
+def test_the_first_step_hands_its_fresh_old_logprobs_on_and_leaves_the_frozen_batch_alone(tmp_path: Path) -> None:
+    # issue 41: the first on-policy step wrote its log-probs into the frozen TrainBatch in place; now it
+    # returns a batch carrying them, which the batch's later steps train on
+    t = trainer(tmp_path, max_steps=2, num_iterations=2)
+    original_logprobs, original_step = t.experience.logprobs, t.updater.step
+    seen: list[tuple[bool, Any, Any, Any, Any]] = []
+
+    def noisy(rollout: Any) -> Any:
+        stored = original_logprobs(rollout)
+        stored.old.add_(0.05)
+        return stored
+
+    def spy(batch: Any, rows: Any, step: int, first: bool = False) -> Any:
+        given = batch.old_logprobs.clone()
+        outcome = original_step(batch, rows, step, first)
+        seen.append((first, given, batch.old_logprobs, outcome.batch.old_logprobs, batch.rollout.completion_mask))
+        return outcome
+
+    t.experience.logprobs = noisy  # type: ignore[method-assign]
+    t.updater.step = spy  # type: ignore[method-assign]
+    t.train()
+    (first, given, after, returned, mask), (later, handed, *_) = seen
+    assert first and not later
+    assert torch.equal(after, given)  # the batch given is left as it was
+    gap = ((given - returned) * mask).sum(dim=1) / mask.sum(dim=1)  # per row: 0.05 where trained, else 0
+    fresh = gap > 0.025
+    assert fresh.any() and torch.allclose(gap[fresh], torch.tensor(0.05), atol=1e-5)  # its own log-probs
+    assert torch.equal(returned[~fresh], given[~fresh])  # rows the step did not train keep the stored ones
+    assert torch.equal(handed, returned)  # the later step compares with the first step's
 
 
 def test_conversational_prompts_and_extra_columns_reach_reward(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -27,7 +27,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from rloo.training.checkpointing.manifest import MANIFEST, manifest_problem, newest_good_checkpoint, write_manifest
+from rloo.generation.device import is_peft_model
+from rloo.training.checkpointing.manifest import manifest_problem, newest_good_checkpoint, write_manifest
 from rloo.training.checkpointing.state_files import load_state, save_state
 from rloo.training.monitoring.nonfinite import require_finite_weights
 from rloo.training.parallel.fsdp import (
@@ -37,7 +38,6 @@ from rloo.training.parallel.fsdp import (
     is_sharded,
     load_full_optimizer_state,
 )
-from rloo.training.setup.models import is_peft_model
 from rloo.training.setup.reference_adapter import saved_adapters
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -110,6 +110,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointPart(Protocol):
+    """A piece of the trainer a checkpoint keeps beside the optimizer's: its :meth:`state` is saved under
+    its key in the training state (:func:`training_state`) and handed back to :meth:`restore` on resume
+    (:func:`restore_training_state`; ``{}`` when the checkpoint has none). The trainer names its parts
+    once (the reference's refresh, the rollout source): adding one is one entry there."""
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+
 def training_state(
     optimizer: Any,
     scheduler: Any,
@@ -117,11 +128,13 @@ def training_state(
     rng_per_rank: list[Any] | None = None,
     model: Any = None,
     scaler: Any = None,
+    parts: Mapping[str, CheckpointPart] | None = None,
 ) -> dict[str, Any]:
     """What resuming needs besides the weights: optimizer, schedule, RNG states, prompt position,
     and fp16's gradient scaler (``scaler``; else a resumed run restarts its scale and skips steps
-    finding it again). ``rng_per_rank``: every process's :func:`rng_state` (this process's alone when
-    None); ``model`` sharded (FSDP): the optimizer state is gathered full, keyed by parameter name."""
+    finding it again); each of ``parts``' state under its key. ``rng_per_rank``: every process's
+    :func:`rng_state` (this process's alone when None); ``model`` sharded (FSDP): the optimizer state is
+    gathered full, keyed by parameter name."""
     sharded = model is not None and is_sharded(model)
     state = {
         "optimizer": full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict(),
@@ -131,6 +144,7 @@ def training_state(
     }
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
+    state.update({key: part.state() for key, part in (parts or {}).items()})
     return state
 
 
@@ -142,9 +156,10 @@ def restore_training_state(
     rank: int = 0,
     model: Any = None,
     scaler: Any = None,
+    parts: Mapping[str, CheckpointPart] | None = None,
 ) -> None:
     """The inverse of :func:`training_state`, in place, for process ``rank`` (a checkpoint without a
-    scaler's state leaves ``scaler`` as it starts)."""
+    scaler's state leaves ``scaler`` as it starts; a part it does not hold is restored from ``{}``)."""
     if scaler is not None and "scaler" in state:
         scaler.load_state_dict(state["scaler"])
     if model is not None and is_sharded(model):
@@ -155,6 +170,8 @@ def restore_training_state(
     rng = state["rng"]
     restore_rng_state(rng[rank] if isinstance(rng, list) else rng)  # a dict: one process (older)
     sampler.load_state_dict(state["sampler"])
+    for key, part in (parts or {}).items():
+        part.restore(state.get(key) or {})
 
 
 def save_checkpoint(
@@ -286,15 +303,6 @@ def tidy_interrupted_writes(output_dir: Path) -> None:
                 os.replace(path, current)
 
 
-class ResumeRefused(ValueError):
-    """A refused resume, its message in the Python API's words (``resume_from_checkpoint=...``);
-    ``cli``: the same message in ``rloo train``'s (``--resume``, ``--resume-from PATH``)."""
-
-    def __init__(self, message: str, cli: str) -> None:
-        super().__init__(message)
-        self.cli = cli
-
-
 def checkpoint_folders(output_dir: Path) -> list[Path]:
     """Every ``checkpoint-<step>`` folder in ``output_dir``, complete or not, oldest step first."""
     if not output_dir.is_dir():
@@ -314,94 +322,6 @@ def checkpoint_problem(path: Path) -> str | None:
     return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
 
 
-def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
-    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder.
-
-    First tidies what a killed run may have left in ``output_dir`` (:func:`tidy_interrupted_writes`).
-    A damaged checkpoint is refused naming the damage and the newest intact checkpoint
-    (:class:`ResumeRefused`).
-    """
-    tidy_interrupted_writes(output_dir)
-    if resume_from_checkpoint is None or resume_from_checkpoint is False:
-        return None
-    if not isinstance(resume_from_checkpoint, str | os.PathLike | bool):
-        raise ValueError(
-            f"resume_from_checkpoint={resume_from_checkpoint!r} is invalid: give True (the latest checkpoint in "
-            f"{output_dir}), a checkpoint folder such as '{output_dir / 'checkpoint-500'}', or None"
-        )
-    if resume_from_checkpoint is True:
-        folders = checkpoint_folders(output_dir)  # incomplete ones too: they are damaged, not skipped
-        if not folders:
-            raise _no_checkpoint(output_dir)
-        return _checked(folders[-1], picked=True)
-    return _checked(Path(resume_from_checkpoint), picked=False)
-
-
-def _checked(path: Path, picked: bool) -> Path:
-    """``path`` if it can be resumed from; else :class:`ResumeRefused` naming what is wrong and the
-    newest intact checkpoint beside it. ``picked``: the newest folder of ``output_dir``
-    (``resume_from_checkpoint=True``), not one the user named."""
-    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / f"{TRAINING_STATE}.json").is_file():
-        raise ValueError(
-            f"{path} was written by an older rloo: its training state is a pickle ({LEGACY_TRAINING_FILE}), "
-            "which is not loaded because unpickling can run code. Start a new run from its weights "
-            "(model=that folder) instead of resuming"
-        )
-    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
-    missing = [name for name in needed if not (path / name).is_file()]
-    if missing and not picked and not (path / MANIFEST).is_file():  # a folder named that was never a checkpoint
-        absent = f"is not a complete checkpoint (missing {', '.join(missing)}); pick a checkpoint-<step> folder"
-        good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
-        offer = (
-            ("", "")
-            if good is None
-            else (f", e.g. resume_from_checkpoint={str(good)!r}", f", e.g. rloo train ... --resume-from {good}")
-        )
-        raise ResumeRefused(
-            f"resume_from_checkpoint={str(path)!r} {absent}{offer[0]}", f"--resume-from {path} {absent}{offer[1]}"
-        )
-    problem = checkpoint_problem(path)  # the manifest first: it names any edited, truncated or missing file
-    if problem is None:
-        return path
-    damaged = f"checkpoint {path} is damaged: {problem}; "
-    good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
-    if good is None:
-        message = damaged + "no checkpoint beside it is intact: start a new run in a new output_dir"
-        raise ResumeRefused(message, message)
-    aside = "damaged checkpoints after it are moved aside (renamed damaged-checkpoint-<step>), never deleted"
-    raise ResumeRefused(
-        f"{damaged}the newest good checkpoint is {good}: resume from it with resume_from_checkpoint={str(good)!r} "
-        f"({aside})",
-        f"{damaged}the newest good checkpoint is {good}: resume from it with rloo train ... --resume-from {good} "
-        f"({aside})",
-    )
-
-
-def _no_checkpoint(output_dir: Path) -> ResumeRefused:
-    """Resuming a folder without checkpoints: the fresh start that works there, and what it replaces."""
-    from rloo.training.checkpointing.run_folder import LOG_FILES, earlier_run_files  # it imports this module
-
-    found = earlier_run_files(output_dir)
-    if not found:  # nothing there: a fresh start works as it is
-        message = (
-            f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
-            "train without resuming, or pass the checkpoint folder explicitly"
-        )
-        return ResumeRefused(message, message)
-    start = f"resuming needs a checkpoint, and {output_dir} has no checkpoint-<step> folder to resume from"
-    replaced = [name for name in found if name not in LOG_FILES]
-    what = f"replaces {', '.join(replaced)}; its " if replaced else "its "
-    holds = f"{start} (it holds {', '.join(found)}: a run that stopped before its first checkpoint)"
-    if "final" in found:  # a finished run's model: never offered for replacement without naming it
-        holds = f"{start} (it holds {', '.join(found)}: a run that finished without checkpoints)"
-    return ResumeRefused(
-        f"{holds}; start afresh with overwrite_output_dir=True and no resume_from_checkpoint ({what}logs are "
-        "kept renamed), or choose a new output_dir",
-        f"{holds}; start afresh with rloo train ... overwrite_output_dir=true (without --resume; {what}logs are "
-        "kept renamed), or choose a new output_dir",
-    )
-
-
 def load_checkpoint_states(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(trainer_state, training_state)`` of a checkpoint folder."""
     trainer_state = json.loads((path / STATE_FILE).read_text())
@@ -416,12 +336,13 @@ def restore_checkpoint(
     sampler: Any,
     rank: int = 0,
     scaler: Any = None,
+    parts: Mapping[str, CheckpointPart] | None = None,
 ) -> dict[str, Any]:
-    """Load a checkpoint's weights and process ``rank``'s training state in place; returns its
-    trainer state."""
+    """Load a checkpoint's weights and process ``rank``'s training state (with ``parts``') in place; returns
+    its trainer state."""
     trainer_state, training_state = load_checkpoint_states(path)
     load_model_weights(model, path)
-    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model, scaler)
+    restore_training_state(training_state, optimizer, scheduler, sampler, rank, model, scaler, parts)
     return trainer_state
 
 

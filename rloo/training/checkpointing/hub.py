@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 RLOO_CITATION = """@inproceedings{ahmadian2024back,
   title     = {{Back to Basics: Revisiting REINFORCE-Style Optimization for Learning from Human Feedback in LLMs}},

@@ -8,6 +8,9 @@
   ``overwrite_output_dir=True``, which removes them first, saying so. Newer *damaged* ones
   never block it: they are renamed ``damaged-checkpoint-<step>``, saying so, never deleted.
 
+- Which checkpoint a resume loads (:func:`resolve_resume_path`): the newest, or the one named; a damaged
+  one, or a folder without checkpoints, is refused (:class:`ResumeRefused`) naming the damage and the fix.
+
 ``overwrite_output_dir`` is the explicit opt-in, as in transformers.
 """
 
@@ -25,14 +28,16 @@ from rich.markup import escape
 
 from rloo.training.checkpointing.checkpoints import (
     CHECKPOINT_PATTERN,
+    LEGACY_TRAINING_FILE,
     STATE_FILE,
-    ResumeRefused,
+    TRAINING_STATE,
     checkpoint_folders,
     checkpoint_problem,
     list_checkpoints,
     remove_folder,
-    resolve_resume_path,
+    tidy_interrupted_writes,
 )
+from rloo.training.checkpointing.manifest import MANIFEST, newest_good_checkpoint
 
 if TYPE_CHECKING:
     from rloo.config import RLOOConfig
@@ -41,6 +46,15 @@ if TYPE_CHECKING:
 FRESH_RUN_BASE = Path("runs/rloo")
 RUN_FILES = ("final", "config.yaml", "metrics.jsonl", "completions.jsonl", "warnings.log", "report.html")
 LOG_FILES = ("metrics.jsonl", "completions.jsonl", "warnings.log", "tensorboard")
+
+
+class ResumeRefused(ValueError):
+    """A refused resume, its message in the Python API's words (``resume_from_checkpoint=...``);
+    ``cli``: the same message in ``rloo train``'s (``--resume``, ``--resume-from PATH``)."""
+
+    def __init__(self, message: str, cli: str) -> None:
+        super().__init__(message)
+        self.cli = cli
 
 
 def open_run(
@@ -113,7 +127,7 @@ def write_report(output_dir: Path, warn: Any) -> Path | None:
     """``report.html`` at the end of a run, as ``rloo report`` builds it (main process only): its path,
     or None after ``warn(message)`` if it could not be built. The run and its model are done by then,
     so a failing report never fails them."""
-    from rloo.cli.report import build_report  # torch-free; the report's plots import matplotlib
+    from rloo.report.page import build_report  # torch-free; the report's plots import matplotlib
 
     try:
         return build_report(output_dir)
@@ -289,3 +303,89 @@ def keep_completions_until(output_dir: Path, step: int) -> None:
 def _step(path: Path) -> int | None:
     match = CHECKPOINT_PATTERN.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def resolve_resume_path(resume_from_checkpoint: bool | str | None, output_dir: Path) -> Path | None:
+    """``True`` -> the latest checkpoint in ``output_dir``; a string -> that folder.
+
+    First tidies what a killed run may have left in ``output_dir`` (:func:`tidy_interrupted_writes`).
+    A damaged checkpoint is refused naming the damage and the newest intact checkpoint
+    (:class:`ResumeRefused`).
+    """
+    tidy_interrupted_writes(output_dir)
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if not isinstance(resume_from_checkpoint, str | os.PathLike | bool):
+        raise ValueError(
+            f"resume_from_checkpoint={resume_from_checkpoint!r} is invalid: give True (the latest checkpoint in "
+            f"{output_dir}), a checkpoint folder such as '{output_dir / 'checkpoint-500'}', or None"
+        )
+    if resume_from_checkpoint is True:
+        folders = checkpoint_folders(output_dir)  # incomplete ones too: they are damaged, not skipped
+        if not folders:
+            raise _no_checkpoint(output_dir)
+        return _checked(folders[-1], picked=True)
+    return _checked(Path(resume_from_checkpoint), picked=False)
+
+
+def _checked(path: Path, picked: bool) -> Path:
+    """``path`` if it can be resumed from; else :class:`ResumeRefused` naming what is wrong and the
+    newest intact checkpoint beside it. ``picked``: the newest folder of ``output_dir``
+    (``resume_from_checkpoint=True``), not one the user named."""
+    if (path / LEGACY_TRAINING_FILE).is_file() and not (path / f"{TRAINING_STATE}.json").is_file():
+        raise ValueError(
+            f"{path} was written by an older rloo: its training state is a pickle ({LEGACY_TRAINING_FILE}), "
+            "which is not loaded because unpickling can run code. Start a new run from its weights "
+            "(model=that folder) instead of resuming"
+        )
+    needed = [STATE_FILE, f"{TRAINING_STATE}.json", f"{TRAINING_STATE}.safetensors"]
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing and not picked and not (path / MANIFEST).is_file():  # a folder named that was never a checkpoint
+        absent = f"is not a complete checkpoint (missing {', '.join(missing)}); pick a checkpoint-<step> folder"
+        good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
+        offer = (
+            ("", "")
+            if good is None
+            else (f", e.g. resume_from_checkpoint={str(good)!r}", f", e.g. rloo train ... --resume-from {good}")
+        )
+        raise ResumeRefused(
+            f"resume_from_checkpoint={str(path)!r} {absent}{offer[0]}", f"--resume-from {path} {absent}{offer[1]}"
+        )
+    problem = checkpoint_problem(path)  # the manifest first: it names any edited, truncated or missing file
+    if problem is None:
+        return path
+    damaged = f"checkpoint {path} is damaged: {problem}; "
+    good = newest_good_checkpoint(p for p in checkpoint_folders(path.parent) if p != path)
+    if good is None:
+        message = damaged + "no checkpoint beside it is intact: start a new run in a new output_dir"
+        raise ResumeRefused(message, message)
+    aside = "damaged checkpoints after it are moved aside (renamed damaged-checkpoint-<step>), never deleted"
+    raise ResumeRefused(
+        f"{damaged}the newest good checkpoint is {good}: resume from it with resume_from_checkpoint={str(good)!r} "
+        f"({aside})",
+        f"{damaged}the newest good checkpoint is {good}: resume from it with rloo train ... --resume-from {good} "
+        f"({aside})",
+    )
+
+
+def _no_checkpoint(output_dir: Path) -> ResumeRefused:
+    """Resuming a folder without checkpoints: the fresh start that works there, and what it replaces."""
+    found = earlier_run_files(output_dir)
+    if not found:  # nothing there: a fresh start works as it is
+        message = (
+            f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint-<step> folder; "
+            "train without resuming, or pass the checkpoint folder explicitly"
+        )
+        return ResumeRefused(message, message)
+    start = f"resuming needs a checkpoint, and {output_dir} has no checkpoint-<step> folder to resume from"
+    replaced = [name for name in found if name not in LOG_FILES]
+    what = f"replaces {', '.join(replaced)}; its " if replaced else "its "
+    holds = f"{start} (it holds {', '.join(found)}: a run that stopped before its first checkpoint)"
+    if "final" in found:  # a finished run's model: never offered for replacement without naming it
+        holds = f"{start} (it holds {', '.join(found)}: a run that finished without checkpoints)"
+    return ResumeRefused(
+        f"{holds}; start afresh with overwrite_output_dir=True and no resume_from_checkpoint ({what}logs are "
+        "kept renamed), or choose a new output_dir",
+        f"{holds}; start afresh with rloo train ... overwrite_output_dir=true (without --resume; {what}logs are "
+        "kept renamed), or choose a new output_dir",
+    )

@@ -31,8 +31,8 @@ so its value is float noise whose "spikes" mean nothing; the gradient it produce
 spikes when an update goes wild. Its reference leaves out the steps where no group's task
 rewards differed (``frac_task_reward_zero_std`` = 1): their gradient is the KL penalty's alone,
 ~1e-3 of a normal step's, and a median of previous steps that held two of them read the next
-normal step as an 85-130x "spike" (12 false alarms in 51 normal tiny runs; README, "Health
-monitors", has the calibration: ``benchmarks/health_calibration.py``).
+normal step as an 85-130x "spike" (12 false alarms in 51 normal tiny runs; docs/reliability.md,
+"Health monitors", has the calibration: ``benchmarks/health_calibration.py``).
 
 The baseline of a ratio is the mean over the run's first ``window`` steps; ratio monitors
 start once the last window no longer overlaps it. Everything the monitors remember is a
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rloo.config.symptoms import finding
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 # short name -> the per-step metric it follows
 SERIES: Mapping[str, str] = {
@@ -84,7 +84,7 @@ def spike(previous: list[float], value: float, factor: float) -> float | None:
 
     A ratio to the median, not a distance in median absolute deviations: over a short window
     the MAD is itself noisy, and a healthy demo run (500 steps) had 2-3x gradient-norm swings
-    that were 10-20 MADs away (36 MADs in the calibration runs of the README's "Health
+    that were 10-20 MADs away (36 MADs in the calibration runs of docs/reliability.md's "Health
     monitors"); a spike worth a warning is many times the typical norm."""
     typical = statistics.median(previous)
     if typical < TINY:

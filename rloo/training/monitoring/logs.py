@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 from rloo.training.state import TrainerState
 
 

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 
 class TrainingProgress:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rloo.training import metric_names
+from rloo.report import metric_names
 from rloo.training.parallel.fsdp import FSDP_HINT, ShardingSettings, sharding_settings
 
 T = TypeVar("T")

@@ -6,13 +6,13 @@ queues (torch's multiprocessing) and send the weights over a torch.distributed g
 (:mod:`rloo.training.parallel.weight_sync`: gloo, or NCCL between two GPUs):
 
 - ``("weights", version, layout)``: receive the broadcasts that follow (the trainable parameters: a LoRA
-  policy's adapters), load them and score the probe tokens with them (:func:`probe_logprobs`);
+  policy's adapters), load them and score the probe tokens with them (:func:`probe_scores`);
 - ``("sample", step, prompts, columns, group_ids, seed)``: sample the batch of ``step`` with the weights loaded
   last, answered with ``("batch", step, version, SampledBatch, Answer)`` (or ``("error", step, traceback)``);
 - ``("stop",)``.
 
 The weight-sync check: the trainer scores the same probe tokens with each version's weights when it makes them
-(:meth:`~rloo.training.parallel.worker_rollouts.WorkerRollouts.policy_updated`); a batch whose worker scored
+(:meth:`~rloo.training.rollouts.workers.WorkerRollouts.policy_updated`); a batch whose worker scored
 them more than :data:`PROBE_TOLERANCE` apart (the sync did not take, or loaded other weights) stops the run,
 naming the version.
 
@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rloo.generation.sync_check import ProbeTolerance, probe_logprobs
 from rloo.training.parallel import weight_sync
 
 POLL_SECONDS = 1.0
@@ -55,8 +56,7 @@ STARTUP_SECONDS = 600.0  # a worker's allowance to give its first sign of life (
 # the probe: fixed token ids whose next-token log-probs the worker and the trainer compare after each sync
 PROBE_LENGTH = 16
 # nats: float32 forwards on two devices or thread counts agree to ~1e-5; a step of training moves them far more
-PROBE_TOLERANCE = 1e-3
-PROBE_TOLERANCE_HALF = 0.05  # bf16/fp16 weights
+PROBE_TOLERANCE = ProbeTolerance(full=1e-3, half=0.05)
 
 
 class WorkerDied(RuntimeError):
@@ -66,7 +66,7 @@ class WorkerDied(RuntimeError):
 @dataclass(frozen=True)
 class Answer:
     """A sampled batch's bookkeeping: the seconds it took, the worker's idle seconds waiting for its request,
-    the log-probs of the probe tokens (:func:`probe_logprobs`) under the weights that sampled it, and the
+    the log-probs of the probe tokens (:func:`probe_scores`) under the weights that sampled it, and the
     seconds the worker spent receiving and loading weights since its last answer."""
 
     seconds: float
@@ -75,20 +75,13 @@ class Answer:
     sync_seconds: float = 0.0
 
 
-def probe_logprobs(model: nn.Module) -> Tensor:
+def probe_scores(model: nn.Module) -> Tensor:
     """``log p(x_{t+1} | x_<=t)`` of :data:`PROBE_LENGTH` fixed token ids under ``model`` (float32, no gradient,
-    on the CPU): what the weight-sync check compares."""
+    on the CPU): what the weight-sync check (:mod:`rloo.generation.sync_check`) compares."""
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
     device = next(model.parameters()).device
     ids = (torch.arange(PROBE_LENGTH, device=device) * 7919 + 11) % max(1, vocab - 1) + 1
-    with torch.no_grad():
-        logits = model(input_ids=ids[None], use_cache=False).logits[0, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[1:, None])[:, 0].cpu()
-
-
-def probe_gap(trainer: Tensor, worker: Tensor) -> float:
-    """The largest gap (nats) between two scorings of the probe."""
-    return float((trainer - worker).abs().max())
+    return probe_logprobs(model, ids, 1)
 
 
 class RolloutWorker:
@@ -299,7 +292,7 @@ class Serving:
                 self.parameters[name].copy_(value)
         self.syncing += time.perf_counter() - began
         self.beat()
-        self.probe = probe_logprobs(self.model)
+        self.probe = probe_scores(self.model)
 
     def sample(self, message: Any) -> None:
         from rloo.pipeline import sample_batch

@@ -7,7 +7,7 @@ found or ``max_num_gen_batches`` rounds ran (:func:`rloo.algo.dynamic_sampling.n
 trains on :func:`rloo.algo.dynamic_sampling.select_groups`' choice: the first G groups with a signal in draw
 order, completed with the earliest groups without one when the rounds found too few (warned, counted).
 
-- **Which groups**: those whose task rewards (:func:`rloo.training.experience.task_rewards`: the weighted,
+- **Which groups**: those whose task rewards (:func:`rloo.pipeline.task_rewards`: the weighted,
   clipped rewards before any KL penalty; verl's ``metric="score"``) differ among their scorable completions.
 - **Processes**: every process's flags are gathered after each round, so all agree on the rounds and the
   choice, which is made over global group ids as one process would make it. Slot j of the batch belongs to
@@ -32,9 +32,8 @@ from torch import Tensor
 
 from rloo.algo.advantages import groups_with_signal
 from rloo.algo.dynamic_sampling import needs_another_round, select_groups
-from rloo.pipeline import ScoredRollout
-from rloo.training import metric_names as names
-from rloo.training.experience import task_rewards
+from rloo.pipeline import ScoredRollout, task_rewards
+from rloo.report import metric_names as names
 from rloo.training.rollouts.groups import join, take_groups, to_device, with_totals
 from rloo.training.rollouts.source import SynchronousRollouts
 
@@ -160,7 +159,7 @@ def generated_metrics(summaries: list[RoundSummary], rounds: int, target: int, k
 
 def task_signal(args: Any, reward_weights: Tensor) -> Callable[[ScoredRollout], Tensor]:
     """Whether each group of a batch has a learning signal: its task rewards
-    (:func:`rloo.training.experience.task_rewards`) differ among its scorable completions."""
+    (:func:`rloo.pipeline.task_rewards`) differ among its scorable completions."""
 
     def signal(scored: ScoredRollout) -> Tensor:
         rewards = task_rewards(scored, args, reward_weights)

@@ -27,6 +27,10 @@ from torch import Tensor, nn
 
 from rloo.pipeline import ScoredRollout
 from rloo.training.parallel.distributed import Ranks
+from rloo.training.rollouts.versions import sampling_version, trainable_weights
+
+# the rollout source's entry in a checkpoint's training state (named when only the pipelined source had one)
+ROLLOUTS_KEY = "pipelined_rollouts"
 
 
 class RolloutSource(Protocol):
@@ -129,8 +133,6 @@ class PipelinedRollouts(SynchronousRollouts):
     asynchronous loop's semantics (staleness, the off-policy correction, exact resume); :class:`WorkerRollouts`
     samples the same batches in a worker process, overlapping the trainer's steps."""
 
-    KEY = "pipelined_rollouts"
-
     def __init__(self, *, policy: Callable[[], nn.Module], staleness: int, sync_every: int = 1, **source: Any) -> None:
         super().__init__(**source)
         self.policy, self.staleness, self.sync_every = policy, staleness, sync_every
@@ -172,113 +174,3 @@ class PipelinedRollouts(SynchronousRollouts):
 
     def restore(self, state: dict[str, Any]) -> None:
         self.versions.update({int(v): weights for v, weights in state.items()})
-
-
-def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
-    """``model``'s trainable parameters, copied to the CPU."""
-    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
-
-
-def rollout_source(
-    args: Any,
-    ranks: Ranks,
-    policy: Callable[[], nn.Module],
-    worker: tuple[Any, Any],
-    *,
-    reward_weights: Tensor,
-    **source: Any,
-) -> RolloutSource:
-    """The run's rollout source: :class:`PipelinedRollouts` with ``max_staleness`` >= 1 (:class:`WorkerRollouts`
-    with ``rollout_workers`` >= 1: ``worker`` is the processing class and rollout settings it needs), else
-    synchronous; each batch of ``prompts_per_generation`` prompts per process. With ``dynamic_sampling``,
-    wrapped in :class:`rloo.training.rollouts.dynamic_sampling.DynamicSampling` (``reward_weights``: the
-    reward functions', which say which groups have a signal)."""
-    drawn = _batches(args, ranks, policy, worker, prompts_per_batch=args.prompts_per_generation, **source)
-    if not args.dynamic_sampling:
-        return drawn
-    from rloo.data.images import is_processor
-    from rloo.training.rollouts.dynamic_sampling import DynamicSampling, task_signal
-
-    processing_class = worker[0]
-    tokenizer = processing_class.tokenizer if is_processor(processing_class) else processing_class
-    signal = task_signal(args, reward_weights)
-    return DynamicSampling(
-        drawn, signal=signal, max_rounds=args.max_num_gen_batches, pad_token_id=tokenizer.pad_token_id
-    )
-
-
-def _batches(
-    args: Any, ranks: Ranks, policy: Callable[[], nn.Module], worker: tuple[Any, Any], **source: Any
-) -> SynchronousRollouts:
-    if args.max_staleness == 0:
-        return SynchronousRollouts(ranks=ranks, **source)
-    if ranks.lockstep:
-        raise ValueError(
-            f"RLOOConfig.max_staleness={args.max_staleness} with FSDP2-sharded training is not built yet (the "
-            "stale sampling copy would be a second sharded model); train data-parallel, or with max_staleness=0"
-        )
-    if args.rollout_workers:
-        from rloo.config.fields.rollouts import available_worker_devices
-        from rloo.data.images import is_processor
-        from rloo.training.parallel.worker_rollouts import WorkerRollouts
-        from rloo.training.setup.models import resolve_mixed_precision
-
-        processing_class, settings = worker
-        if args.rollout_workers > 1 and is_processor(processing_class):
-            raise ValueError(
-                f"RLOOConfig.rollout_workers={args.rollout_workers} with a vision-language policy is not built yet "
-                "(sampling image prompts in several workers is untested); use rollout_workers=1"
-            )
-        if settings.custom is not None or (settings.agent is not None and settings.agent.environments is not None):
-            raise ValueError(
-                f"RLOOConfig.rollout_workers={args.rollout_workers} with a rollout_func or an environment_factory is "
-                "not built yet (the workers would need them in their processes); use rollout_workers=0"
-            )
-        return WorkerRollouts(
-            ranks=ranks,
-            policy=policy,
-            staleness=args.max_staleness,
-            processing_class=processing_class,
-            settings=settings,
-            seed=args.seed,
-            workers=args.rollout_workers,
-            devices=available_worker_devices(args.rollout_worker_devices),
-            stale_after=args.heartbeat_stale_after_s,
-            free=args.free_running,
-            mixed_precision=resolve_mixed_precision(args.bf16) != "no",  # bf16=None: bf16 where the GPU has it
-            sync_every=args.weight_sync_steps,
-            **source,
-        )
-    return PipelinedRollouts(
-        ranks=ranks, policy=policy, staleness=args.max_staleness, sync_every=args.weight_sync_steps, **source
-    )
-
-
-def sampling_version(step: int, staleness: int, sync_every: int = 1) -> int:
-    """The weights that sample the batch trained at ``step``: the last synced ones (every ``sync_every`` =
-    ``weight_sync_steps`` optimizer steps) at least ``staleness`` = ``max_staleness`` steps old,
-    ``n x floor(max(0, step - s) / n)``; so a batch is between s and s + n - 1 steps stale (0 and 0 at s = 0,
-    n = 1: the synchronous loop)."""
-    return sync_every * (max(0, step - staleness) // sync_every)
-
-
-def version_allowed(version: int | None, step: int, staleness: int, sync_every: int = 1, free: bool = False) -> bool:
-    """Whether the batch trained at ``step`` may have been sampled by ``version``: exactly the one of
-    :func:`sampling_version` (``max_staleness`` 0: the policy being trained), or with ``free`` (``free_running``)
-    any from that one to ``step``."""
-    expected = sampling_version(step, staleness, sync_every)
-    return version == expected or (free and version is not None and expected <= version <= step)
-
-
-def check_policy_version(
-    scored: ScoredRollout, step: int, staleness: int = 0, sync_every: int = 1, free: bool = False
-) -> None:
-    """A batch trained at ``step`` must have been sampled by a version :func:`version_allowed`: anything else is a
-    weight update the sampler missed."""
-    expected = sampling_version(step, staleness, sync_every)
-    if not version_allowed(scored.policy_version, step, staleness, sync_every, free):
-        raise RuntimeError(
-            f"the rollouts trained at step {step} were sampled by the policy of step {scored.policy_version}, not "
-            f"{expected} (max_staleness={staleness}, weight_sync_steps={sync_every}): the rollout source missed a "
-            "weight update (RolloutSource.policy_updated)"
-        )

@@ -33,6 +33,7 @@ from transformers import (
 
 from rloo.data.images import image_column, is_processor
 from rloo.data.loading import column_names
+from rloo.generation.device import is_peft_model
 from rloo.offline import hub_or_cache
 from rloo.training.setup.quantized import is_quantized, loading_kwargs, prepare_quantized
 from rloo.training.setup.reference_adapter import (
@@ -267,14 +268,6 @@ def disable_dropout(model: nn.Module) -> None:
     for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
         if config is not None and isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
-
-
-def is_peft_model(model: nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
-    return isinstance(model, PeftModel)
 
 
 def apply_peft(model: Any, peft_config: Any, gradient_checkpointing: bool) -> nn.Module:

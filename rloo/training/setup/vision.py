@@ -18,7 +18,8 @@ import datasets
 from torch import nn
 
 from rloo.data.images import encode_image_prompts, image_column, image_messages, is_processor, row_images
-from rloo.data.loading import PROMPT_COLUMN, column_names
+from rloo.data.loading import column_names
+from rloo.data.prompt_checks import PROMPT_COLUMN
 from rloo.offline import hub_or_cache
 
 # config.model_type of the vision-language families tested with images

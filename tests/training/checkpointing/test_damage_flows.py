@@ -121,6 +121,7 @@ main()
 """
 
 
+@pytest.mark.system
 def test_a_second_ctrl_c_while_exiting_prints_no_traceback(tmp_path: Path) -> None:
     # before: "Exception ignored in atexit callback ... KeyboardInterrupt" after a complete checkpoint
     run = tmp_path / "run"

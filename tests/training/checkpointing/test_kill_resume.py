@@ -275,6 +275,7 @@ def kill_until_done(run_file: Path, overrides: list[str], output_dir: Path, seed
 # about 2 minutes per case on 2 CPU cores (each attempt starts a fresh Python, ~6 s): the default case and the
 # asynchronous pipeline's in the default suite on purpose, so CI runs them; the others with `make test-slow`
 # (the default suite's 15 minutes)
+@pytest.mark.system
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -331,6 +332,7 @@ main()
 """
 
 
+@pytest.mark.system
 def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
     run_file = write_run_file(tmp_path)
     output_dir = tmp_path / "killed"

@@ -189,14 +189,14 @@ def test_every_process_takes_the_folder_the_main_process_chose(tmp_path: Path, m
 def test_the_python_api_writes_the_report_and_a_failing_report_only_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README says every run writes report.html; only ``rloo train`` did (issue 24)."""
+    """The docs (docs/cli.md) say every run writes report.html; only ``rloo train`` did (issue 24)."""
     trainer(tmp_path, max_steps=1).train()
     assert "<html" in (tmp_path / "run" / "report.html").read_text()[:300].lower()
 
     def broken(run_dir: Path) -> Path:
         raise RuntimeError("no plots today")
 
-    monkeypatch.setattr("rloo.cli.report.build_report", broken)
+    monkeypatch.setattr("rloo.report.page.build_report", broken)
     run = trainer(tmp_path / "other", max_steps=1)
     run.train()  # the run and its model are done: a failing report does not fail them
     assert (run.output_dir / "final").is_dir() and not (run.output_dir / "report.html").exists()

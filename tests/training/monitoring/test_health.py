@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.cli.diagnostics import diagnose
-from rloo.cli.report import build_report
 from rloo.config.health import HEALTH_THRESHOLDS, default_health_thresholds, thresholds_markdown
 from rloo.config.symptoms import SYMPTOMS
+from rloo.report.diagnostics import diagnose
+from rloo.report.page import build_report
 from rloo.tiny import save_tiny_model
 from rloo.training.monitoring.health import HealthMonitor, spike
 from rloo.training.state import TrainerState
@@ -330,10 +330,10 @@ def test_a_normal_lora_run_raises_no_loss_spike(tmp_path: Path) -> None:
     assert "loss_spike" not in flagged(rows)
 
 
-def test_the_readme_table_is_the_thresholds_table() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_table_is_the_thresholds_table() -> None:
+    page = (REPO / "docs" / "reliability.md").read_text()  # scripts/regen_docs.py writes it
     start, end = "<!-- health-thresholds:start -->\n", "\n<!-- health-thresholds:end -->"
-    assert readme[readme.index(start) + len(start) : readme.index(end)] == thresholds_markdown()
+    assert page[page.index(start) + len(start) : page.index(end)] == thresholds_markdown()
 
 
 def test_the_monitors_and_the_report_name_one_fix_per_symptom() -> None:

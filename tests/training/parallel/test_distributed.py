@@ -59,6 +59,7 @@ def _sum_in_buckets(rank: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.system
 def test_bucketed_gradient_sums_over_two_processes(tmp_path: Path) -> None:
     out = str(tmp_path / "grads.pt")
     torch.multiprocessing.spawn(_sum_in_buckets, args=(free_port(), out), nprocs=2)
@@ -101,6 +102,7 @@ def test_data_parallel_engines_run_unsharded() -> None:
 
 
 # ---------------------------------------------------------------------------- the update
+@pytest.mark.system
 def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) -> None:
     """Every loss aggregation mode, advantage normalization off and on, and a batch-mean baseline
     (reinforce_pp): same parameters after two steps, same logged metrics (the gradient variance too,
@@ -123,6 +125,7 @@ def test_two_processes_update_as_one_on_the_same_global_batch(tmp_path: Path) ->
 
 
 # ---------------------------------------------------------------------------- the CLI, end to end
+@pytest.mark.system
 def test_two_processes_learn_and_resume_exactly_after_a_sigterm(tmp_path: Path) -> None:
     straight = write_run_file(tmp_path, tmp_path / "straight")
     assert_ok(torchrun("-m", "rloo", "train", str(straight)))
@@ -151,6 +154,7 @@ def test_two_processes_learn_and_resume_exactly_after_a_sigterm(tmp_path: Path) 
     assert "written by a run of 2 process(es) and this run has 1: resume with 2" in one.stderr + one.stdout
 
 
+@pytest.mark.system
 def test_two_nodes_on_one_machine_train_as_two_processes(tmp_path: Path) -> None:
     """Two ``torchrun --nnodes 2`` launchers of one process each, rendezvousing on 127.0.0.1,
     train the same run as one launcher with two processes."""
@@ -189,6 +193,7 @@ def test_two_nodes_on_one_machine_train_as_two_processes(tmp_path: Path) -> None
     )
 
 
+@pytest.mark.system
 def test_the_python_api_and_accelerate_launch(tmp_path: Path) -> None:
     """With no output_dir (issue 24), both processes train into the one fresh folder the main one chose."""
     run_file = write_run_file(tmp_path, tmp_path / "accelerate", max_steps=2)

@@ -158,6 +158,7 @@ def assert_trained_alike(one: Path, other: Path, names: tuple[str, ...] = tuple(
         assert_same_metrics(metrics(one / f"{name}.json"), metrics(other / f"{name}.json"))
 
 
+@pytest.mark.system
 def test_two_fsdp_processes_train_as_one_and_save_full_weights(tmp_path: Path, one_process: Path) -> None:
     """A full model (separate reference, old log-probs from extra passes, clipping) and LoRA (the
     reference is the sharded policy with adapters disabled; evaluation with a filler batch; the
@@ -172,6 +173,7 @@ def test_two_fsdp_processes_train_as_one_and_save_full_weights(tmp_path: Path, o
     assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved  # LoRA: the adapter only
 
 
+@pytest.mark.system
 def test_parameter_offload_trains_as_one_unsharded_process(tmp_path: Path, one_process: Path) -> None:
     """``fsdp_offload_params: true`` (refused before issue 29): the shards, gradients and optimizer state in
     CPU memory (torch's CPUOffloadPolicy, unpinned: pinning needs an accelerator), on 2 processes and on one
@@ -197,6 +199,7 @@ def accelerate_fsdp(run_file: Path, *extra: str, env: dict[str, str] | None = No
     return subprocess.run(command, cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.system
 def test_fsdp_through_accelerate_launch_resumes_exactly_after_a_sigterm(tmp_path: Path) -> None:
     """``accelerate launch --config_file examples/accelerate/fsdp2_cpu.yaml``: a run stopped by a
     SIGTERM and resumed from its checkpoint (full weights, full optimizer state loaded back into

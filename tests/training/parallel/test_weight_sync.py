@@ -70,6 +70,7 @@ def receive_twice(port: int, prefix: str, layouts: Any, answers: Any) -> None:
         answers.put({name: value.clone() for name, value in receiver.receive(layout).items()})
 
 
+@pytest.mark.system
 def test_weights_cross_a_gloo_group_bit_for_bit() -> None:
     """Two versions, float32 and bfloat16, posted without waiting and received in order by another process."""
     context = multiprocessing.get_context("spawn")
@@ -94,6 +95,7 @@ def test_weights_cross_a_gloo_group_bit_for_bit() -> None:
             process.terminate()
 
 
+@pytest.mark.system
 def test_a_worker_that_died_before_joining_is_reported_not_waited_for() -> None:
     context = multiprocessing.get_context("spawn")
     store = weight_sync.host_store()

@@ -16,7 +16,7 @@ import torch
 from rloo.algo.advantages import groups_with_signal
 from rloo.data.prompt_order import IndexedRows
 from rloo.pipeline import ScoredRollout
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 from rloo.training.parallel.distributed import Ranks
 from rloo.training.rollouts.dynamic_sampling import DynamicSampling
 from rloo.training.rollouts.groups import join, to_device

@@ -16,9 +16,11 @@ import torch
 from rloo import RLOOConfig
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import SampledBatch
-from rloo.training.parallel import rollout_worker, worker_rollouts
-from rloo.training.rollouts import source as rollout_source
-from rloo.training.rollouts.source import PipelinedRollouts, SynchronousRollouts, trainable_weights
+from rloo.training.parallel import rollout_worker
+from rloo.training.rollouts import versions
+from rloo.training.rollouts import workers as worker_rollouts
+from rloo.training.rollouts.source import PipelinedRollouts, SynchronousRollouts
+from rloo.training.rollouts.versions import trainable_weights
 from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
 
 
@@ -116,6 +118,7 @@ def test_staleness_is_refused_under_fsdp_and_with_vllm(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ a rollout worker process (rollout_workers 1)
+@pytest.mark.system
 def test_worker_processes_sample_what_the_trainers_process_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -138,6 +141,7 @@ def test_worker_processes_sample_what_the_trainers_process_would(
     assert logged == [0.0, 1.0, 1.0, 1.0]
 
 
+@pytest.mark.system
 def test_a_resumed_worker_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
     """The checkpoint keeps the batches asked of the worker and not yet trained; the resumed run asks again."""
     straight = run(tmp_path / "straight", max_staleness=2, rollout_workers=1)
@@ -182,6 +186,7 @@ def kill_worker_at(t: Any, steps: set[int]) -> None:
     t.rollouts.request_through = kill_then_request
 
 
+@pytest.mark.system
 def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: Path) -> None:
     """A new worker is sent the versions still in use and asked for the same batches (seeded per group): the
     run trains to exactly the weights of a run whose worker never died, and logs the restart. Every batch logs
@@ -204,6 +209,7 @@ def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: P
     assert all(0 <= row["async/weight_sync_probe_gap"] < 1e-4 for row in logged)
 
 
+@pytest.mark.system
 def test_a_worker_that_hangs_is_killed_and_replaced(tmp_path: Path) -> None:
     """A worker stopped (SIGSTOP: alive, silent) at step 1 beats no more: after heartbeat_stale_after_s the
     trainer kills it and a new one samples the same batches, so the run trains to the weights of a run whose
@@ -226,6 +232,7 @@ def test_a_worker_that_hangs_is_killed_and_replaced(tmp_path: Path) -> None:
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+@pytest.mark.system
 def test_a_worker_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_rollouts, "MAX_WORKER_RESTARTS", 1)
     t = run(tmp_path, max_staleness=1, rollout_workers=1, max_steps=5)
@@ -237,6 +244,7 @@ def test_a_worker_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path, monke
         t.train()
 
 
+@pytest.mark.system
 def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,6 +264,7 @@ def test_a_weight_sync_that_loads_other_weights_stops_the_run_naming_the_version
     assert t.state.global_step == 3  # the batches of steps 0-2, sampled by versions 0 and 1, trained
 
 
+@pytest.mark.system
 @pytest.mark.usefixtures("fresh_accelerate_state")
 def test_the_weight_sync_check_allows_for_mixed_precision(tmp_path: Path) -> None:
     """Under bf16 autocast (accelerate wraps the policy's forward in it) the trainer scores the probe in bf16 and
@@ -288,12 +297,13 @@ def test_weight_sync_steps_sample_with_the_last_synced_weights(tmp_path: Path) -
 
 
 def test_sampling_versions_hand_example() -> None:
-    assert [rollout_source.sampling_version(t, 0) for t in range(4)] == [0, 1, 2, 3]  # the synchronous loop
-    assert [rollout_source.sampling_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
-    assert [rollout_source.sampling_version(t, 1, 3) for t in range(8)] == [0, 0, 0, 0, 3, 3, 3, 6]
+    assert [versions.sampling_version(t, 0) for t in range(4)] == [0, 1, 2, 3]  # the synchronous loop
+    assert [versions.sampling_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
+    assert [versions.sampling_version(t, 1, 3) for t in range(8)] == [0, 0, 0, 0, 3, 3, 3, 6]
 
 
 # ------------------------------------------------------------------ free_running
+@pytest.mark.system
 def test_free_running_loads_the_newest_weights_already_sent_before_each_batch(tmp_path: Path) -> None:
     """Batches 0 and 1 sampled with version 0; then, the worker held (SIGSTOP) while batch 2 is asked, version 1
     sent and batch 3 asked: free-running, batch 2 samples with version 1 (sent after it was asked), otherwise
@@ -344,12 +354,13 @@ def test_free_running_accepts_any_version_within_the_bound() -> None:
                               (2, True, False), (6, True, False)]:  # fmt: skip
         scored: Any = type("Scored", (), {"policy_version": version})()
         if ok:
-            rollout_source.check_policy_version(scored, 5, 2, free=free)
+            versions.check_policy_version(scored, 5, 2, free=free)
         else:
             with pytest.raises(RuntimeError, match="missed a weight update"):
-                rollout_source.check_policy_version(scored, 5, 2, free=free)
+                versions.check_policy_version(scored, 5, 2, free=free)
 
 
+@pytest.mark.system
 def test_a_free_running_run_keeps_to_the_bound_and_resumes(tmp_path: Path) -> None:
     """Every batch sampled by weights at most s = 2 steps old, before and after a resume (the resumed run's
     first requests are sent its current weights, which its checkpoint holds as the model's)."""

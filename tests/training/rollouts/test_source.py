@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from rloo.pipeline import ScoredRollout
-from rloo.training.rollouts.source import SynchronousRollouts, check_policy_version
+from rloo.training.rollouts.source import SynchronousRollouts
+from rloo.training.rollouts.versions import check_policy_version
 from rloo.training.timing import PHASES, PhaseTimer
 from tests.helpers.models import trainer
 

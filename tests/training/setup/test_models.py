@@ -20,7 +20,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.data.prompt_order import StreamedRows
 from rloo.data.prompts import render_prompt
-from rloo.generation.lm_head import _INEXACT_HEADS
+from rloo.forward.lm_head import _INEXACT_HEADS
 from rloo.generation.stopping import StopStrings
 from rloo.pipeline import RolloutSettings, ScoredRollout, eos_token_ids, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
@@ -388,13 +388,13 @@ def test_per_device_eval_batch_size_sets_the_eval_batches_not_the_results(tmp_pa
         trainer = make_trainer(tmp_path / str(len(overrides)), **overrides)
         trainer.eval_dataset = trainer.train_dataset.select(range(6))
         sizes: list[int] = []
-        original = trainer._scored_rollout
+        original = trainer.make_rollouts
 
         def recording(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
             sizes.append(len(rows))
             return original(rows, *args, **kwargs)
 
-        trainer._scored_rollout = recording  # type: ignore[method-assign]
+        trainer.evaluation = dataclasses.replace(trainer.evaluation, scored_rollout=recording)
         return sizes, trainer.evaluate()
 
     default_sizes, default_metrics = eval_batches()
@@ -414,7 +414,7 @@ def test_pad_to_multiple_of_pads_masked_and_trains_the_same(tmp_path: Path) -> N
     batches = []
     for trainer in (plain, padded):
         rows = [trainer.train_dataset[0], trainer.train_dataset[1]]
-        batches.append(trainer._scored_rollout(rows, range(2), sampling_seed=0).rollout)
+        batches.append(trainer.make_rollouts(rows, range(2), sampling_seed=0).rollout)
     assert batches[1].prompt_ids.shape[1] % 8 == 0 and batches[1].completion_ids.shape[1] % 8 == 0
     assert batches[1].completion_mask.sum() == batches[0].completion_mask.sum()
     width = batches[0].completion_ids.shape[1]

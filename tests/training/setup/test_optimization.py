@@ -98,6 +98,7 @@ def test_paged_8bit_adamw_is_the_plain_one_on_a_cpu(tmp_path: Path) -> None:
         wide_trainer(tmp_path, optim="paged_adamw_8bit", max_steps=1).train()
 
 
+@pytest.mark.system
 def test_bitsandbytes_import_warning_about_4bit_kernels_is_quieted() -> None:
     """peft imports bitsandbytes, which warns on CPUs with AVX512-BF16 that a 4-bit kernel is missing;
     after ``import rloo`` that line is gone (on other CPUs it never appears)."""

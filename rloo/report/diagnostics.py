@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from rloo.config.symptoms import SYMPTOMS, finding
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 
 Rows = list[dict[str, Any]]
 

@@ -10,8 +10,8 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
-from rloo.cli.diagnostics import Rows, finite_series, is_finite
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
+from rloo.report.diagnostics import Rows, finite_series, is_finite
 
 
 @dataclass(frozen=True)

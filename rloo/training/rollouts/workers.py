@@ -37,11 +37,13 @@ from torch import Tensor
 
 from rloo.generation.device import model_device
 from rloo.generation.rollout import concat_rollouts
+from rloo.generation.sync_check import check_weight_sync
 from rloo.pipeline import SampledBatch, ScoredRollout
-from rloo.training import metric_names as names
+from rloo.report import metric_names as names
 from rloo.training.parallel import rollout_worker as worker_process
 from rloo.training.parallel.weight_sync import Layout, flatten, host_store
-from rloo.training.rollouts.source import PipelinedRollouts, sampling_version, trainable_weights, version_allowed
+from rloo.training.rollouts.source import PipelinedRollouts
+from rloo.training.rollouts.versions import sampling_version, trainable_weights, version_allowed
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3
@@ -241,7 +243,7 @@ class WorkerRollouts(PipelinedRollouts):
         """The trainer's probe log-probs of ``version`` (the policy holds its weights now)."""
         if version % self.sync_every:  # no batch samples with it (weight_sync_steps)
             return
-        self.probes[version] = worker_process.probe_logprobs(self.policy())
+        self.probes[version] = worker_process.probe_scores(self.policy())
         oldest = sampling_version(version, self.staleness, self.sync_every)
         for old in [v for v in self.probes if v < oldest]:
             del self.probes[old]
@@ -251,19 +253,17 @@ class WorkerRollouts(PipelinedRollouts):
         checked); raises beyond the tolerance."""
         if version not in self.probes:
             return None
-        gap = worker_process.probe_gap(self.probes[version], probe)
         low = self.mixed_precision or any(
             p.dtype in (torch.bfloat16, torch.float16) for p in self.policy().parameters()
         )
-        tolerance = worker_process.PROBE_TOLERANCE_HALF if low else worker_process.PROBE_TOLERANCE
-        if not gap <= tolerance:
-            raise RuntimeError(
-                f"weight sync check failed for the weights of step {version}: the rollout worker scores the probe "
-                f"tokens {gap:.3g} nats away from the trainer (tolerance {tolerance:g}), so it samples with other "
-                "weights than the trainer sent; the run stops (resume it from its last checkpoint with "
-                "rollout_workers=0, and please report it)"
-            )
-        return gap
+        refusal = (
+            f"weight sync check failed for the weights of step {version}: the rollout worker scores the probe "
+            "tokens {gap:.3g} nats away from the trainer (tolerance {tolerance:g}), so it samples with other "
+            "weights than the trainer sent; the run stops (resume it from its last checkpoint with "
+            "rollout_workers=0, and please report it)"
+        )
+        tolerance = worker_process.PROBE_TOLERANCE.at(low)
+        return check_weight_sync(self.probes[version], probe, tolerance, refusal)
 
     def metrics(self) -> dict[str, float]:
         return dict(self.last_metrics)

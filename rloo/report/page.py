@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from rloo.cli.diagnostics import Rows, diagnose, finite_series, is_finite, training_rows
-from rloo.cli.plots import render_plots
+from rloo.report.diagnostics import Rows, diagnose, finite_series, is_finite, training_rows
+from rloo.report.plots import render_plots
 
 __all__ = ["build_report", "diagnose"]
 

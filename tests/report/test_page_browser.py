@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from rloo.cli.report import build_report
+from rloo.report.page import build_report
 from tests.helpers.runs import NUM_PLOTS, make_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed: run `make browser` (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="chromium is not installed: run `make browser` (apt-get install chromium)"
+    ),
+]
 
 
 def _chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from rloo.cli.diagnostics import diagnose
-from rloo.cli.report import build_report
+from rloo.report.diagnostics import diagnose
+from rloo.report.page import build_report
 from tests.helpers.runs import NASTY, NUM_PLOTS, completions, healthy_metrics, make_run
 
 IMG = re.compile(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
@@ -133,7 +133,7 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def failing_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("rloo.cli.report.os.replace", failing_replace)
+    monkeypatch.setattr("rloo.report.page.os.replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         build_report(path.parent)
     assert path.read_text() == before  # the old report is intact ...
@@ -224,8 +224,9 @@ def test_completions_written_by_the_trainer_format(tmp_path: Path) -> None:
     assert samples.index("answer 3-1") < samples.index("answer 3-0") < samples.index("<td>?</td><td>–</td>")
 
 
+@pytest.mark.system
 def test_import_stays_light() -> None:
-    code = "import sys, rloo.cli.report; assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"
+    code = "import sys, rloo.report.page; assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
