@@ -22,8 +22,8 @@ from rloo.generation.rollout import generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.vllm.client import VLLMClient, vllm_python
 from rloo.generation.vllm.sampler import VLLMSampler
-from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
 from rloo.report import metric_names as names
+from rloo.tiny import build_char_tokenizer, build_tiny_llama, save_tiny_model
 from tests.helpers.launch import assert_ok, free_port, torchrun, write_run_file
 from tests.helpers.models import dataset, frac7, make_tokenizer
 from tests.helpers.processes import child_env

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.tiny import save_tiny_model
 from rloo.report import metric_names as names
+from rloo.tiny import save_tiny_model
 
 
 def main(out: Path) -> None:
