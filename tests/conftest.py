@@ -18,6 +18,9 @@ from hypothesis import HealthCheck, settings
 from rloo.tiny import build_char_tokenizer, save_tiny_model
 from tests.helpers.models import peaked_tiny_llama, tiny_reward_model
 
+# the tiers' durations and budgets, and the check that only system tests start processes (CONTRIBUTING.md)
+pytest_plugins = ("tests.helpers.tiers",)
+
 settings.register_profile(
     "rloo",
     max_examples=60,
