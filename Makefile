@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # CPU build of torch by default; a GPU user installs the CUDA build into .venv first
-# (see README), and this pin is then already satisfied or can be overridden.
+# (see README.md's set-up), and this pin is then already satisfied or can be overridden.
 TORCH_SPEC ?= torch==2.13.0
-# The versions CI ran, as pip constraints (README "Tested versions"); `make CONSTRAINTS= install`
+# The versions CI ran, as pip constraints (docs/installation.md, "Tested versions"); `make CONSTRAINTS= install`
 # resolves afresh instead.
 CONSTRAINTS ?= requirements/tested.txt
 
@@ -51,8 +51,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint browser sandbox vllm
-	$(BIN)/pytest
+# The test tiers (CONTRIBUTING.md, "Test tiers"; each run prints its minutes against the tier's budget and
+# writes each test's seconds to build/test-durations/). `make test` runs what CI runs: lint, then the fast tier,
+# then the system tier. The fast tier runs TEST_WORKERS pytest-xdist workers and needs no vLLM environment; the
+# system tier (launched processes, kill/resume loops, the real vLLM engine, the browser) runs one test at a time,
+# after building .venv-vllm.
+TEST_WORKERS ?= 2
+.PHONY: test-fast test-system
+test: lint test-fast test-system
+
+test-fast: $(STAMP) sandbox
+	$(BIN)/pytest -n $(TEST_WORKERS) -m 'not slow and not deps and not system'
+
+test-system: $(STAMP) browser sandbox vllm
+	$(BIN)/pytest -m 'system and not slow and not deps'
 
 # $(call apt-install,COMMAND,PACKAGE,WHAT): install Debian's PACKAGE unless COMMAND is on PATH.
 # Installs only as root or with password-less sudo; never fails the build (WHAT is skipped
@@ -100,6 +112,17 @@ test-newest:
 	$(PYTHON) scripts/check_dependencies.py newest
 test-oldest:
 	$(PYTHON) scripts/check_dependencies.py oldest
+
+# The docs site (mkdocs.yml, docs/*.md) built strictly into build/site: a broken link or anchor, a missing page
+# or a page left out of the nav fails it. The docs extra goes into .venv the first time.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[docs]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	touch $(DOCS_STAMP)
+
+.PHONY: docs
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d build/site
 
 # Record .venv's versions as the tested ones, after `make test` passed on them (torch and triton, which
 # CUDA torch pins, are left to the machine).
