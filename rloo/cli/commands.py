@@ -294,27 +294,30 @@ def report(run_dir: Path = typer.Argument(..., help="A run's output_dir.")) -> N
 @app.command(cls=_EitherSpelling, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 def plan(
     arguments: list[str] = typer.Argument(
-        None, metavar="[RUN.yaml] [key=value]... [--field value]...", help="The run, as `rloo train` takes it."
+        None,
+        metavar="[RUN.yaml | MODEL] [key=value]... [--field value]...",
+        help="The run, as `rloo train` takes it; only its model and config fields are read.",
     ),
     device: str = typer.Option("h100", help="A GPU name (h100, h200, a100-80gb, ...) or its memory (24GiB)."),
     prompt_length: int = typer.Option(None, help="Prompt tokens to plan for [default: max_prompt_length]."),
     processes: int = typer.Option(1, help="FSDP2 processes sharding weights, gradients and optimizer state."),
 ) -> None:
     """Predict each phase's peak memory for a run on a device (reads the model's config.json, no weights)."""
-    from rloo.cli.plan import plan_run, plan_table, verdict
-    from rloo.cli.run_file import load_run_file
+    from rloo.cli.plan import load_plan_run, plan_output
     from rloo.cli.trl_args import run_values
 
     with _one_line_errors():
         if not arguments:
-            raise ValueError("give a run file (rloo plan RUN.yaml) or TRL's flags (--model_name_or_path ...)")
+            raise ValueError(
+                "give a run file (rloo plan RUN.yaml), a model (its folder or config.json) or TRL's flags "
+                "(--model_name_or_path ...)"
+            )
         path, overrides, flags = run_values(list(arguments))
-        shape, work, memory = plan_run(load_run_file(path, overrides, flags), prompt_length, processes)
-        lines = verdict(shape, work, memory, device)
-    console.print(plan_table(memory))
-    for note in memory.notes:
-        console.print(f"note: {note}", highlight=False)
-    for line in lines:
+        head, table, tail = plan_output(load_plan_run(path, overrides, flags), device, prompt_length, processes)
+    for line in head:
+        console.print(line, highlight=False)
+    console.print(table)
+    for line in tail:
         console.print(line, highlight=False)
 
 

@@ -236,20 +236,32 @@ def load_run_file(
     keys from TRL's command-line flags: :mod:`rloo.cli.trl_args`), apply ``dotted.key=value``
     overrides, and check everything."""
     loaded = {} if path is None else read_run_file(path)
-    _refuse_trl_config(path, loaded)
+    refuse_trl_config(path, loaded)
     return parse_run(apply_overrides({**loaded, **(flags or {})}, overrides or []))
 
 
-def _refuse_trl_config(path: str | Path | None, loaded: dict[str, Any]) -> None:
+def refuse_trl_config(path: str | Path | None, loaded: dict[str, Any]) -> None:
     """A TRL config (``model_name_or_path:``, ``dataset_name:``...) given where a run file goes: say
-    to pass it with ``--config``, as ``trl rloo`` takes it, rather than "needs `model`"."""
+    to pass it with ``--config``, as ``trl rloo`` takes it, rather than "needs `model`"; a model's
+    ``config.json`` (its ``dtype`` is a TRL flag's name too): say to name the model instead."""
 
+    if is_model_config(loaded):
+        raise ValueError(
+            f"{str(path)!r} is a model's config.json, not a run file: name the model in a run file (model: "
+            f"{Path(str(path)).parent}) or on the command line (--model_name_or_path {Path(str(path)).parent})"
+        )
     trl_keys = [key for key in loaded if key in TRL_SCRIPT_FIELDS and key not in RUN_KEYS]
     if trl_keys:
         raise ValueError(
             f"{str(path)!r} holds TRL's flags ({', '.join(trl_keys)}), not run-file keys: it is a TRL config; "
             f"give it with --config, as trl rloo takes it: rloo train --config {path}"
         )
+
+
+def is_model_config(values: dict[str, Any]) -> bool:
+    """Whether a loaded mapping is a model's ``config.json`` (transformers writes ``model_type`` and
+    ``architectures``; a run file holds neither)."""
+    return "model" not in values and ("model_type" in values or "architectures" in values)
 
 
 def read_run_file(path: str | Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,7 @@ import pytest
 import yaml
 from transformers import LlamaConfig
 
-from rloo.cli.plan import plan_run
-from rloo.cli.run_file import load_run_file
+from rloo.cli.plan import load_plan_run, plan_run
 from rloo.training.setup.memory_plan import CUDA_OVERHEAD, GiB
 from tests.helpers.cli import flat, invoke
 
@@ -85,7 +85,7 @@ def fix_lines(output: str) -> list[str]:
 @pytest.mark.parametrize("cuda", [True, False])
 def test_plan_that_does_not_fit_offers_fixes_that_fit(tmp_path: Path, model_dir: Path, cuda: bool) -> None:
     path = run_file(tmp_path, model_dir)
-    _, _, memory = plan_run(load_run_file(path), None)
+    _, _, memory = plan_run(load_plan_run(str(path)), None, device="h100" if cuda else "cpu:1GiB")
     size = 0.9 * memory.peak.total + (CUDA_OVERHEAD if cuda else 0.0)
     device = f"{size / GiB:.6f}GiB" if cuda else f"cpu:{size / GiB:.6f}GiB"
     result = invoke("plan", path, "--device", device)
@@ -141,3 +141,77 @@ def test_plan_takes_field_flags_and_its_own_options_in_either_spelling(tmp_path:
     )
     assert flat(dashed.output) == flat(result.output)  # the same plan either way
     assert flat(result.output) != flat(invoke("plan", run_file(tmp_path, model_dir)).output)  # the flags count
+
+
+def test_plan_needs_only_the_model_and_what_it_reads(tmp_path: Path, model_dir: Path) -> None:
+    # it demanded `dataset` and `reward_funcs`, which it never reads, and suggested --dataset_name
+    only = tmp_path / "only-model.yaml"
+    only.write_text(yaml.safe_dump({"model": str(model_dir), "max_prompt_length": 128}))
+    result = invoke("plan", only, "--device", "h100")
+    assert result.exit_code == 0, result.output
+    flags = invoke("plan", "--model_name_or_path", model_dir, "--max_prompt_length", "128", "--device", "h100")
+    assert flags.exit_code == 0, flags.output
+    assert flat(flags.output) == flat(result.output)
+
+
+def test_plan_without_a_model_names_the_key_and_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "no-model.yaml"
+    path.write_text(yaml.safe_dump({"max_prompt_length": 128, "num_generations": 4}))
+    result = invoke("plan", path)
+    assert result.exit_code == 2, result.output
+    message = flat(result.stderr)
+    assert "`model`" in message and "--model_name_or_path" in message and "dataset" not in message
+
+
+def model_config_json(model_dir: Path) -> Path:
+    """The model's config.json as a hub model holds it: with its dtype (a TRL flag's name too)."""
+    path = model_dir / "config.json"
+    values = json.loads(path.read_text())
+    path.write_text(json.dumps({**values, "torch_dtype": "bfloat16"}))
+    return path
+
+
+def test_plan_of_a_model_config_json_plans_for_that_model(tmp_path: Path, model_dir: Path) -> None:
+    # a model's config.json (model_type, architectures, torch_dtype) was refused as "a TRL config"
+    config = model_config_json(model_dir)
+    given = invoke("plan", config, "--max_prompt_length", "128", "--device", "h100")
+    assert given.exit_code == 0, given.output
+    as_run = tmp_path / "run-of-it.yaml"
+    as_run.write_text(yaml.safe_dump({"model": str(config), "max_prompt_length": 128}))
+    assert flat(given.output) == flat(invoke("plan", as_run, "--device", "h100").output)
+    folder = invoke("plan", model_dir, "max_prompt_length=128", "--device", "h100")  # its folder too
+    assert folder.exit_code == 0, folder.output
+    assert "TRL config" not in flat(given.output + folder.output)
+
+
+def test_train_given_a_model_config_json_says_what_to_pass(model_dir: Path) -> None:
+    result = invoke("train", model_config_json(model_dir))
+    assert result.exit_code == 2, result.output
+    message = flat(result.stderr)
+    assert "TRL config" not in message and "config.json" in message and "--model_name_or_path" in message
+
+
+def assumptions(output: str) -> str:
+    """The block ``rloo plan`` prints before its table."""
+    lines = output.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("Assumed"))
+    end = next(n for n, line in enumerate(lines) if "Predicted peak memory" in line)
+    assert start < end
+    return flat("\n".join(lines[start:end]))
+
+
+def test_plan_prints_the_dtype_batch_lengths_and_processes_it_assumed(tmp_path: Path, model_dir: Path) -> None:
+    result = invoke("plan", run_file(tmp_path, model_dir), "--device", "h100", "--processes", "2")
+    assert result.exit_code == 0, result.output
+    block = assumptions(result.output)
+    assert "dtype: float32 weights, bf16 autocast (bf16 unset: on, as on any GPU that has it" in block
+    assert "batch: 8 completions per pass (per_device_train_batch_size), 8 per generation batch" in block
+    assert "2 prompts x num_generations 4" in block
+    assert "lengths: prompt 128 tokens (max_prompt_length), completion 64 tokens (max_completion_length)" in block
+    assert "processes: 2" in block
+    cpu = assumptions(invoke("plan", run_file(tmp_path, model_dir), "--device", "cpu:64GiB").output)
+    assert "dtype: float32 throughout (bf16 unset: off on a CPU)" in cpu
+    off = assumptions(invoke("plan", run_file(tmp_path, model_dir), "bf16=false", "--prompt-length", "100").output)
+    assert "dtype: float32 throughout (bf16=false)" in off and "prompt 100 tokens (--prompt-length)" in off
+    half = run_file(tmp_path, model_dir, model_init_kwargs={"dtype": "bfloat16"})
+    assert "dtype: bfloat16 weights and compute (model_init_kwargs.dtype)" in assumptions(invoke("plan", half).output)

@@ -123,19 +123,25 @@ def write_run_files(output_dir: Path, config_text: str, sink: Any, state: Any, r
         raise unwritable(output_dir, error) from error
 
 
-def write_report(output_dir: Path, warn: Any) -> Path | None:
+def write_report(output_dir: Path, warn: Any, console: Any = None) -> Path | None:
     """``report.html`` at the end of a run, as ``rloo report`` builds it (main process only): its path,
+    printed as the run's last line on ``console`` (default: stderr, where the trainer's console writes),
     or None after ``warn(message)`` if it could not be built. The run and its model are done by then,
     so a failing report never fails them."""
     from rloo.report.page import build_report  # torch-free; the report's plots import matplotlib
+    from rloo.training.monitoring.logs import log_console
 
     try:
-        return build_report(output_dir)
+        path = build_report(output_dir)
     except Exception as error:  # a report is a view of the run: it must not lose the run
         warn(
             f"report.html was not written ({type(error).__name__}: {error}); rebuild it with `rloo report {output_dir}`"
         )
         return None
+    (console or log_console(stderr=True)).print(
+        f"report: {path} (open it in a browser; `rloo report {output_dir}` rebuilds it)", highlight=False
+    )
+    return path
 
 
 def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:

@@ -154,13 +154,17 @@ class Workload:
     stored_logprobs: int = 0  # (N, Tc) float32 tensors kept from phase 2 (reference, old)
 
     @classmethod
-    def from_config(cls, args: Any, prompt_length: int, lora: Any = None, shards: int = 1) -> Workload:
-        """``args``: an RLOOConfig; ``lora``: a peft LoraConfig (or None); ``shards``: FSDP processes."""
-        dtype = str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
-        weight_bytes = DTYPE_BYTES.get(dtype, 4)
+    def from_config(
+        cls, args: Any, prompt_length: int, lora: Any = None, shards: int = 1, bf16_default: bool | None = None
+    ) -> Workload:
+        """``args``: an RLOOConfig; ``lora``: a peft LoraConfig (or None); ``shards``: FSDP processes;
+        ``bf16_default``: whether the planned device runs bf16, for ``bf16=None`` (None: this machine's GPU)."""
+        weight_bytes = DTYPE_BYTES.get(weight_dtype(args), 4)
         from rloo.training.setup.models import bf16_supported
 
-        bf16 = bf16_supported() if args.bf16 is None else bool(args.bf16)  # None: bf16 where the GPU has it
+        if bf16_default is None:
+            bf16_default = bf16_supported()
+        bf16 = bf16_default if args.bf16 is None else bool(args.bf16)  # None: bf16 where the GPU has it
         mixed = (bf16 or bool(args.fp16)) and weight_bytes == 4
         beta = args.algorithm.beta
         optim = str(args.optim).lower()
@@ -183,6 +187,11 @@ class Workload:
             shards=shards,
             stored_logprobs=stored,
         )
+
+
+def weight_dtype(args: Any) -> str:
+    """The dtype the weights load in: ``model_init_kwargs``' ``dtype``, else float32 (rloo's default)."""
+    return str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
 
 
 def _targets(value: Any) -> Any:

@@ -192,6 +192,8 @@ def test_the_python_api_writes_the_report_and_a_failing_report_only_warns(
     """The docs (docs/cli.md) say every run writes report.html; only ``rloo train`` did (issue 24)."""
     trainer(tmp_path, max_steps=1).train()
     assert "<html" in (tmp_path / "run" / "report.html").read_text()[:300].lower()
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # the end of the run points to the report
+    assert f"report: {tmp_path / 'run' / 'report.html'}" in last and f"rloo report {tmp_path / 'run'}" in last
 
     def broken(run_dir: Path) -> Path:
         raise RuntimeError("no plots today")
