@@ -130,7 +130,7 @@ def shifted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: float, *
     from rloo import pipeline
     from tests.helpers.models import last_train_log
 
-    monkeypatch.setattr(pipeline, "_engine", lambda args: ShiftedEngine(shift) if args.use_vllm else None)
+    monkeypatch.setattr(pipeline, "build_engine", lambda args: ShiftedEngine(shift) if args.use_vllm else None)
     run = trainer(tmp_path, use_vllm=True, max_steps=1, **overrides)
     run.train()
     return last_train_log(run)
