@@ -365,3 +365,18 @@ def test_grpo_names_and_fields_rloo_lacks_as_flags(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "`--deepspeed` is a TRL setting rloo does not support" in flat(result.stderr)
     assert "FSDP2" in flat(result.stderr) and "did you mean" not in result.stderr
+
+
+def test_a_config_file_that_is_not_a_yaml_mapping_names_the_line_or_the_shape(tmp_path: Path) -> None:
+    # issue 41: --config reads through the run file's YAML reader (cli/files.py): a syntax error names its line
+    # and column (it printed PyYAML's multi-line message), and a list is refused as a run file's is
+    from rloo.cli.trl_args import read_config_file
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("learning_rate: 1e-5\n  beta: [0.1\n")
+    with pytest.raises(ValueError, match=r"--config '.*broken.yaml' is not valid YAML: line 2, column \d+: "):
+        read_config_file(str(broken))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- learning_rate\n")
+    with pytest.raises(ValueError, match=r"--config '.*list.yaml' must be a YAML mapping of flags to values"):
+        read_config_file(str(listed))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -36,3 +37,15 @@ def test_the_saved_reference_is_copied_to_the_cpu_without_a_device_clone() -> No
     assert all(value.device.type == "cpu" for value in state.values())
     reference.weight.data.add_(1.0)
     assert not torch.equal(state["weight"], reference.weight)  # a copy, not a view of the live reference
+
+
+def test_restore_takes_the_saved_state_and_refuses_another_models() -> None:
+    # issue 41: restore takes the checkpoint's entry (the parts list hands it over), not the folder to re-read
+    args = SimpleNamespace(sync_ref_model=True, ref_model_mixup_alpha=0.5, ref_model_sync_steps=1)
+    saved = ReferenceSync(policy=torch.nn.Linear(4, 3), reference=torch.nn.Linear(4, 3), args=args).state()
+    reference = torch.nn.Linear(4, 3)
+    ReferenceSync(policy=torch.nn.Linear(4, 3), reference=reference, args=args).restore(saved)
+    assert torch.equal(reference.weight, saved["weight"]) and torch.equal(reference.bias, saved["bias"])
+    other = ReferenceSync(policy=torch.nn.Linear(4, 2), reference=torch.nn.Linear(4, 2, bias=False), args=args)
+    with pytest.raises(ValueError, match="saved reference model does not match this model's parameters"):
+        other.restore(saved)
