@@ -27,10 +27,10 @@ _options = {"debug": False}
 
 
 def _print_version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
+    if value:  # the package's own version (an editable install's metadata keeps the one it was installed at)
+        from rloo import __version__
 
-        console.print(f"rloo {version('rloo')}", highlight=False)
+        console.print(f"rloo {__version__}", highlight=False)
         raise typer.Exit()
 
 
