@@ -227,7 +227,7 @@ class RLOOTrainer(CallbackMethods):
             ranks=self.ranks,
             args=args,
         )
-        self.aux_loss_enabled = self.updater.aux_loss_coef > 0  # TRL's attribute: a MoE model's router loss is added
+        self.router_aux_loss_coef, self.aux_loss_enabled = self.updater.aux_loss_coef, self.updater.aux_loss_coef > 0
         self.timer = PhaseTimer()
         assert args.health_thresholds is not None  # resolved (all keys) by RLOOConfig
         self.health = HealthMonitor(args.health_thresholds)

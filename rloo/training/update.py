@@ -32,15 +32,37 @@ from rloo.training.setup.activation_offload import offload_context
 from rloo.training.setup.optimization import zero_grads_if_none
 
 
+def _text_config(model: Any) -> Any:
+    config = getattr(model, "config", None)
+    return config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+
+
 def is_mixture_of_experts(model: Any) -> bool:
     """A mixture-of-experts model with a load-balancing loss: its config can ask for router logits and
     declares the loss's coefficient (TRL's test). GLM-4-MoE and DeepSeek-V3 route without one (a
     bias keeps the experts balanced), and Nemotron-H has the flag but no such loss: none is added."""
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    text_config = _text_config(model)
     return getattr(text_config, "output_router_logits", None) is not None and hasattr(
         text_config, "router_aux_loss_coef"
     )
+
+
+def router_loss_coef(model: Any, coef: float | None) -> float:
+    """The weight of ``model``'s load-balancing loss in the loss, as TRL 1.16 takes it: ``coef``
+    (``router_aux_loss_coef``), or where None the model config's own; 0 where the model has no such loss.
+    The loss is added whatever the config's ``output_router_logits`` (the training forwards ask for the
+    router logits themselves), as TRL's. A coefficient set for a model without the loss is refused (TRL too)."""
+    if not is_mixture_of_experts(model):
+        if coef:
+            raise ValueError(
+                f"RLOOConfig.router_aux_loss_coef={coef!r} is invalid for {type(model).__name__}: it has no "
+                "load-balancing loss to weight (not a mixture-of-experts model whose config declares "
+                "router_aux_loss_coef and output_router_logits). Leave router_aux_loss_coef unset (None) or 0"
+            )
+        return 0.0
+    if coef is None:
+        return float(getattr(_text_config(model), "router_aux_loss_coef", 0.0) or 0.0)
+    return coef
 
 
 def compile_for_training(model: Any, args: RLOOConfig) -> Any:
@@ -93,7 +115,7 @@ class Updater:
             off_policy_threshold=args.off_policy_mask_threshold,
         )
         self.forward_model = compile_for_training(model, args)
-        self.aux_loss_coef = args.router_aux_loss_coef if is_mixture_of_experts(model) else 0.0
+        self.aux_loss_coef = router_loss_coef(model, args.router_aux_loss_coef)
         self.exact_skip = (
             args.skip_zero_advantage
             and args.entropy_coef == 0

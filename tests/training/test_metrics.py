@@ -15,7 +15,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.trainer_utils import TrainOutput
 
-from rloo import RLOOTrainer
+from rloo import RLOOConfig, RLOOTrainer
 from rloo.algo.stats import masked_mean
 from rloo.forward.logprobs import completion_logprobs
 from rloo.training.metrics import completion_metrics
@@ -85,9 +85,11 @@ def test_a_training_run_logs_trls_metric_names(tmp_path: Path) -> None:
     assert "aux_loss" not in logged  # not a mixture-of-experts model
 
 
-def _moe_trainer(tmp_path: Path, **overrides: Any) -> RLOOTrainer:
+def _moe_trainer(tmp_path: Path, model_coef: float = 0.001, **overrides: Any) -> RLOOTrainer:
+    """A trainer of a tiny Qwen3-MoE whose config declares ``router_aux_loss_coef=model_coef``."""
     tokenizer = make_tokenizer()
     moe = Qwen3MoeConfig(
+        router_aux_loss_coef=model_coef,
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=32,
@@ -120,6 +122,25 @@ def test_a_mixture_of_experts_model_adds_its_load_balancing_loss(tmp_path: Path)
     assert "aux_loss" not in plain and moe["aux_loss"] > 0
     # the same samples (same seed and weights): the losses differ by exactly coef x aux_loss
     assert moe["loss"] - plain["loss"] == pytest.approx(0.5 * moe["aux_loss"], rel=1e-4)
+
+
+def test_the_router_loss_weight_is_the_model_configs_own_unless_set(tmp_path: Path) -> None:
+    # TRL 1.16: router_aux_loss_coef=None takes the architecture's coefficient (it was a fixed 0.001)
+    default = _moe_trainer(tmp_path / "a", model_coef=0.02)
+    assert RLOOConfig(output_dir="x").router_aux_loss_coef is None
+    assert default.updater.aux_loss_coef == default.router_aux_loss_coef == 0.02 and default.aux_loss_enabled
+    assert _moe_trainer(tmp_path / "b", model_coef=0.02, router_aux_loss_coef=0.5).router_aux_loss_coef == 0.5
+    off = _moe_trainer(tmp_path / "c", model_coef=0.02, router_aux_loss_coef=0.0)
+    assert off.router_aux_loss_coef == 0.0 and not off.aux_loss_enabled
+
+
+def test_a_router_loss_weight_set_for_a_model_without_routers_is_refused(tmp_path: Path) -> None:
+    assert not trainer(tmp_path / "a").aux_loss_enabled  # unset: nothing to add, nothing said
+    assert not trainer(tmp_path / "b", router_aux_loss_coef=0.0).aux_loss_enabled
+    with pytest.raises(
+        ValueError, match=r"router_aux_loss_coef=0\.5 is invalid for LlamaForCausalLM.*unset \(None\) or 0"
+    ):
+        trainer(tmp_path / "c", router_aux_loss_coef=0.5)
 
 
 def test_train_returns_transformers_train_output_and_logs_the_summary_last(tmp_path: Path) -> None:

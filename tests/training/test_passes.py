@@ -1,4 +1,4 @@
-"""Every fast path against the plain path: same log-probs, same update."""
+"""Every fast path against the plain path: same log-probs, same update; a pass's router (load-balancing) loss."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from accelerate.state import AcceleratorState
 from pytest import MonkeyPatch
 
 import rloo.training.passes as passes_module
+from rloo.config import RLOOConfig
 from rloo.op_counts import OpCounts
-from rloo.training.passes import no_grad_logprobs
+from rloo.training.passes import Pass, no_grad_logprobs, pass_loss
 from rloo.training.trainer import RLOOTrainer
 from tests.helpers.models import config as config_of
 from tests.helpers.models import dataset, frac7, next_train_batch, params, qwen_vocab_model, trainer
@@ -189,3 +191,73 @@ def test_a_no_grad_pass_reads_the_host_a_few_times(tmp_path: Path, padding_free:
         no_grad_logprobs(t.unwrapped_model, rollout, 1.0, max_rows=4, padding_free=padding_free)
     passes = -(-rollout.completion_ids.shape[0] // 4)
     assert counts.total_syncs <= 1 + 9 * passes, dict(counts.syncs)
+
+
+# tiny mixture-of-experts models of three families, with the load-balancing loss (router_aux_loss_coef)
+ROUTED = {
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", {"num_experts": 4, "moe_intermediate_size": 16}),
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", {"num_local_experts": 4, "head_dim": 8}),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", {"num_local_experts": 4}),
+}
+
+
+def routed_model(family: str, vocab: int) -> Any:
+    model_class, config_class, fields = ROUTED[family]
+    shape = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+    model_config = getattr(transformers, config_class)(
+        vocab_size=vocab, num_key_value_heads=2, num_experts_per_tok=2, **shape, **fields
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return getattr(transformers, model_class)(model_config)
+
+
+def routed_pass(vocab: int, advantages: torch.Tensor) -> Pass:
+    """4 rows: prompts left-padded, completions right-padded (the mask keeps padding out of the router loss)."""
+    g = torch.Generator().manual_seed(1)
+    prompt_mask, completion_mask = torch.ones(4, 5, dtype=torch.long), torch.ones(4, 6, dtype=torch.long)
+    prompt_mask[0, :2] = prompt_mask[1, :1] = completion_mask[2, 3:] = completion_mask[3, 5:] = 0
+    return Pass(
+        prompt_ids=torch.randint(3, vocab, (4, 5), generator=g),
+        prompt_mask=prompt_mask,
+        completion_ids=torch.randint(3, vocab, (4, 6), generator=g),
+        completion_mask=completion_mask,
+        loss_mask=completion_mask.float(),
+        advantages=advantages,
+        old_logprobs=None,
+        reference_logprobs=None,
+    )
+
+
+@pytest.mark.parametrize("family", sorted(ROUTED))
+def test_a_pass_adds_the_models_own_load_balancing_loss_and_its_gradient_reaches_the_routers(family: str) -> None:
+    vocab = 40
+    model = routed_model(family, vocab)
+    objective = RLOOConfig(output_dir="x").algorithm.objective(8, 0.0)
+    # the step has 8 sequences: this pass's 4 carry half of coef x its aux loss
+    kwargs: dict[str, Any] = {"temperature": 1.0, "total_tokens": 21.0, "total_sequences": 8.0}
+    rows = routed_pass(vocab, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    plain = pass_loss(model, rows, objective, **kwargs)
+    routed = pass_loss(model, rows, objective, aux_loss_coef=0.5, **kwargs)
+    # by hand: the model's own aux_loss over prompt + completion, padding masked, rloo's positions
+    attention = torch.cat([rows.prompt_mask, rows.completion_mask], dim=1)
+    direct = model(
+        input_ids=torch.cat([rows.prompt_ids, rows.completion_ids], dim=1),
+        attention_mask=attention,
+        position_ids=(attention.cumsum(1) - 1).clamp(min=0),
+        output_router_logits=True,
+    ).aux_loss
+    aux = float(direct.detach())
+    assert plain.aux_loss is None and routed.aux_loss == pytest.approx(aux, rel=1e-6)
+    assert routed.loss_value == pytest.approx(plain.loss_value + 0.5 * aux * 4 / 8, rel=1e-6)
+    # A = 0 everywhere: the policy loss has no gradient, so the routers' is the aux loss's alone
+    model.zero_grad()
+    pass_loss(model, routed_pass(vocab, torch.zeros(4)), objective, aux_loss_coef=0.5, **kwargs).loss.backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    (0.5 * direct * 4 / 8).backward()
+    routers = [name for name in ours if name.endswith(("mlp.gate.weight", "mlp.router.weight"))]
+    assert len(routers) == 2
+    for name in routers:
+        assert ours[name].abs().sum() > 0
+        torch.testing.assert_close(ours[name], model.get_parameter(name).grad, rtol=1e-5, atol=1e-8)

@@ -137,10 +137,11 @@ class AlgorithmFields:
         "A reward call that raises, times out or returns a bad result: 'raise' stops the run naming it; "
         "'skip' scores that batch 'does not apply' (rewards/<name>/failed).",
     )
-    router_aux_loss_coef: float = option(
-        0.001,
+    router_aux_loss_coef: float | None = option(
+        None,
         "Weight of a mixture-of-experts model's load-balancing loss added to the loss, >= 0 (logged as aux_loss); "
-        "no effect on other models; 0 turns it off.",
+        "None: the model config's own router_aux_loss_coef (as TRL 1.16); 0 turns it off; set on a model "
+        "without that loss, the trainer refuses it.",
         trl="router_aux_loss_coef",
     )
     entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
@@ -183,8 +184,12 @@ def _check_knobs(config: RLOOConfig) -> None:
         raise fail("num_iterations", config.num_iterations, "must be >= 1 (1 = each batch used once)")
     if not config.entropy_coef >= 0:
         raise fail("entropy_coef", config.entropy_coef, "must be >= 0 (0 disables the entropy bonus)")
-    if config.router_aux_loss_coef < 0:
-        raise fail("router_aux_loss_coef", config.router_aux_loss_coef, "must be >= 0 (0 turns it off)")
+    if config.router_aux_loss_coef is not None and not config.router_aux_loss_coef >= 0:
+        raise fail(
+            "router_aux_loss_coef",
+            config.router_aux_loss_coef,
+            "must be >= 0 (0 turns it off; None takes the model config's own)",
+        )
 
 
 def _check_rewards(config: RLOOConfig) -> None:
