@@ -244,11 +244,12 @@ def _clip_metrics(results: list[PassResult], actions: float) -> dict[str, float]
 
 def eval_metrics(values: Tensor, names: Sequence[str] = (), prefix: str = "eval", k: int = 1) -> dict[str, float]:
     """``eval_reward`` / ``eval_reward_std`` over the scorable eval completions, how many were
-    unscorable, each reward function's mean (``eval_rewards/<name>/mean``, over the completions
-    it applies to), and ``eval_loss``. ``values``: ``(N,)`` combined rewards, or ``(N, 1 + F)`` with
-    each function's scores after them, NaN where unscorable / not applicable, or ``(N, 2 + F)`` with
-    the loss of each row's eval batch last (its mean: the batches' mean weighted by their rows, as
-    transformers'). ``prefix``: ``eval``, or ``eval_<set>`` for a named eval set (as transformers names them).
+    unscorable, each reward function's mean and std (``eval_rewards/<name>/mean``, ``/std``: of its own
+    scores, unweighted, over the completions it applies to), and ``eval_loss``. ``values``: ``(N,)``
+    combined rewards, or ``(N, 1 + F)`` with each function's scores after them, NaN where unscorable /
+    not applicable, or ``(N, 2 + F)`` with the loss of each row's eval batch last (its mean: the batches'
+    mean weighted by their rows, as transformers'). ``prefix``: ``eval``, or ``eval_<set>`` for a named
+    eval set (as transformers names them).
     ``k``: the samples per prompt (a prompt's consecutive rows); with k >= 2, the unbiased pass@j for
     j = 1..k (:func:`rloo.algo.stats.pass_at_k`): ``<prefix>_pass@j`` with a combined reward >= 1 as a success,
     and ``<prefix>_rewards/<name>/pass@j`` for each function whose scores are all 0 or 1 (a 1 is a success)."""
@@ -264,6 +265,7 @@ def eval_metrics(values: Tensor, names: Sequence[str] = (), prefix: str = "eval"
     for column, name in enumerate(names, start=1):
         applied = values[:, column][~values[:, column].isnan()]
         metrics[f"{prefix}_rewards/{name}/mean"] = float(applied.mean()) if applied.numel() else float("nan")
+        metrics[f"{prefix}_rewards/{name}/std"] = _std(applied)  # as training's (and TRL's eval) logs it
     if k >= 2 and values.shape[0] % k == 0 and values.shape[0]:
         for j in range(1, k + 1):
             metrics[f"{prefix}_pass@{j}"] = pass_at_k((rewards >= 1).view(-1, k), j)  # NaN: never a success

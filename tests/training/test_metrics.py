@@ -298,3 +298,22 @@ def test_evaluate_logs_pass_at_k_for_k_up_to_its_samples(tmp_path: Path) -> None
     metrics = run.evaluate(dataset(44)[40:])
     assert [key for key in metrics if key.startswith("eval_pass@")] == ["eval_pass@1", "eval_pass@2", "eval_pass@3"]
     assert metrics["eval_pass@1"] <= metrics["eval_pass@2"] <= metrics["eval_pass@3"]
+
+
+def test_each_reward_functions_metrics_are_its_own_scores_under_reward_weights(tmp_path: Path) -> None:
+    def ones(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    def zero_or_two(completions: list[Any], **kwargs: Any) -> list[float | None]:
+        return [None if i % 4 == 3 else float(2 * (i % 2)) for i in range(len(completions))]  # 0, 2, 0, None, ...
+
+    t = trainer(tmp_path, reward_funcs=[ones, zero_or_two], reward_weights=[0.7, 0.3], max_steps=1)
+    t.train()
+    # as TRL: unweighted, over the completions each applies to (std with ddof 1); `reward` is the weighted sum
+    per_batch = torch.tensor([0.0, 2.0, 0.0] * 2)  # the 8 completions of the step, 2 of them not applicable
+    for logged in (last_train_log(t), t.evaluate(eval_dataset=dataset(2))):
+        prefix = "eval_" if "eval_reward" in logged else ""
+        assert logged[f"{prefix}rewards/ones/mean"] == 1.0 and logged[f"{prefix}rewards/ones/std"] == 0.0
+        assert logged[f"{prefix}rewards/zero_or_two/mean"] == pytest.approx(float(per_batch.mean()))
+        assert logged[f"{prefix}rewards/zero_or_two/std"] == pytest.approx(float(per_batch.std()))
+        assert logged[f"{prefix}reward"] == pytest.approx(0.7 + 0.3 * 4 / 8)  # a None adds nothing (TRL's nansum)
