@@ -249,6 +249,7 @@ def generate_and_score(
         columns={**per_completion, **batch.columns},
         trainer_state=trainer_state,
     )
+    rewards.warn_unscorable(scored.scorable, prompts, k)
     device = rollout.completion_ids.device
     scored = CombinedRewards(scored.scores, scored.rewards.to(device), scored.scorable.to(device), scored.log)
     return ScoredRollout(

@@ -337,6 +337,7 @@ class RewardFunctions:
         self.names = reward_func_names(self.funcs)
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.policy = policy
+        self.warned_unscorable = False  # the first completion no function applies to is named once a run
 
     def check_arguments(self, columns: Sequence[str]) -> None:
         """Refuse a function that requires an argument neither a column nor a standard one."""
@@ -373,6 +374,30 @@ class RewardFunctions:
         )
         rewards, scorable = combine_rewards(scores.values, self.weights)
         return CombinedRewards(scores, rewards, scorable, reward_log)
+
+    def warn_unscorable(self, scorable: Tensor, prompts: Sequence[Any], k: int) -> None:
+        """Through the policy's ``warn``, once: the first completion every function returned None for
+        (TRL warns too), by its prompt's place in the batch (``prompts``: P, each with ``k`` consecutive rows)."""
+        missing = (~scorable).nonzero().flatten().tolist()
+        if not missing or self.warned_unscorable or self.policy.warn is None:
+            return
+        self.warned_unscorable = True
+        self.policy.warn(unscorable_message(missing, prompts, k))
+
+
+def unscorable_message(missing: Sequence[int], prompts: Sequence[Any], k: int) -> str:
+    """What an unscorable completion means and what to do, naming the first of ``missing`` (row indices)."""
+    row = missing[0]
+    prompt = str(prompts[row // k])
+    shown = prompt if len(prompt) <= 80 else prompt[:77] + "..."
+    more = f" (and {len(missing) - 1} more in this batch)" if len(missing) > 1 else ""
+    return (
+        f"every reward function returned None for completion {row % k} of prompt {row // k} of the batch "
+        f"({shown!r}){more}: such a completion has no reward, is left out of its group's baseline and gets "
+        "advantage 0, so it teaches nothing. None means 'does not apply': make at least one reward function "
+        "return a number for every completion (e.g. 0.0 for a wrong format rather than None). Said once; "
+        "rewards/unscorable counts them in every batch"
+    )
 
 
 def as_completions(texts: list[str], conversational: bool) -> list[Any]:

@@ -163,8 +163,6 @@ def batch_warnings(
             f"prompt + completion reach {longest:.0f} tokens, past the model's max_position_embeddings "
             f"({position_limit}): positions beyond it are untrained; lower max_prompt_length or max_completion_length"
         )
-    if metrics["rewards/unscorable"]:
-        messages.append("some completions got None from every reward function: they are left out of the baselines")
     if metrics["prompts/truncated"]:
         messages.append(f"prompts longer than max_prompt_length={max_prompt_length} are cut from the left")
     if metrics.get(metric_names.FILLED_GROUPS):

@@ -461,7 +461,9 @@ def test_warning_raised_all_rewards_none(hub: dict[str, str], tmp_path: Path) ->
     trainer = make(hub, tmp_path, reward_funcs=always_none)
     trainer.train()
     warnings = (tmp_path / "run" / "warnings.log").read_text()
-    assert "some completions got None from every reward function" in warnings  # rloo's wording
+    # rloo's wording: the first such completion by its prompt, and what to do
+    assert "every reward function returned None for completion 0 of prompt 0 of the batch" in warnings
+    assert "make at least one reward function return a number for every completion" in warnings
 
 
 def test_train_num_generations_larger_than_batch_size(hub: dict[str, str], tmp_path: Path) -> None:
