@@ -16,6 +16,9 @@
 # user's script is seen to run unchanged: the imports name rloo instead of trl, and the vLLM
 # arguments (use_vllm, vllm_mode, vllm_gpu_memory_utilization) are removed (rloo samples with
 # its own KV-cached sampler). tests/test_examples.py runs it offline on a tiny stand-in model.
+#
+# NEEDS THE NETWORK (the hub's Qwen/Qwen3-0.6B and the AI-MO/NuminaMath-TIR dataset) and a GPU. The examples
+# that run offline, on a tiny model built on the spot, are examples/rloo_*.py (each with --gpu for its GPU twin).
 
 """
 NuminaMath example: RLOO on math dataset.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -81,8 +82,11 @@ def build_tiny_llama(
     max_positions: int = 512,
     seed: int = 0,
     tokenizer: PreTrainedTokenizerFast | None = None,
+    initializer_range: float = 0.02,
 ) -> LlamaForCausalLM:
-    """A random-init Llama causal LM, deterministic for a given ``seed``."""
+    """A random-init Llama causal LM, deterministic for a given ``seed``; its weights drawn with standard deviation
+    ``initializer_range`` (transformers' 0.02 leaves a tiny model's layers nearly silent: its output barely depends
+    on a LoRA adapter's weights until they are large)."""
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -92,6 +96,7 @@ def build_tiny_llama(
         num_key_value_heads=num_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
     )
     if tokenizer is not None:
         config.pad_token_id = tokenizer.pad_token_id
@@ -104,11 +109,17 @@ def build_tiny_llama(
 
 
 def save_tiny_model(
-    directory: str | Path, chars: str = DEFAULT_CHARS, vocab_size: int | None = None, **model_kwargs: int
+    directory: str | Path,
+    chars: str = DEFAULT_CHARS,
+    vocab_size: int | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+    **model_kwargs: Any,
 ) -> Path:
-    """Write a tiny Llama and its character tokenizer to ``directory`` (a local "hub id")."""
+    """Write a tiny Llama and its character tokenizer to ``directory`` (a local "hub id"); ``chat_template``
+    :data:`TOOL_CHAT_TEMPLATE` (with ``chars`` :data:`TOOL_CHARS`) for a model that may call tools."""
     path = Path(directory)
     tokenizer = build_char_tokenizer(chars, vocab_size=vocab_size)
+    tokenizer.chat_template = chat_template
     model = build_tiny_llama(len(tokenizer), tokenizer=tokenizer, **model_kwargs)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
