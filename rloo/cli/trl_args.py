@@ -214,7 +214,7 @@ def _flag_value(name: str, kind: str, values: list[str]) -> Any:
             raise ValueError(f"--{name} takes true or false, got {values[0]!r}")
         return values[0].lower() in _TRUE
     if kind == "list":  # an item in braces is a mapping: --reward_funcs '{"name": "code_execution", ...}'
-        return [_yaml(name, value) if value.lstrip().startswith("{") else _scalar(value) for value in values]
+        return [_yaml(name, value) if value.lstrip().startswith("{") else _item(value) for value in values]
     if not values:
         raise ValueError(f"--{name} needs a value, e.g. --{name} VALUE or --{name}=VALUE")
     if kind == "dict":
@@ -234,6 +234,11 @@ def _scalar(text: str) -> Any:
     if text in ("None", "none"):
         return None  # HfArgumentParser's spelling of an unset optional
     return value if isinstance(value, str | int | float | bool) or value is None else text
+
+
+def _item(text: str) -> Any:
+    """A list flag's item: a scalar, but never None: ``--report_to none`` is the name ``none`` (no tracker)."""
+    return text if text in ("None", "none") else _scalar(text)
 
 
 def _yaml(name: str, text: str) -> Any:

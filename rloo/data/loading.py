@@ -27,7 +27,7 @@ from rloo.suggest import unknown_name_error
 
 ACCEPTED_DATA = (
     "a datasets.Dataset, a datasets.DatasetDict, a list of dicts, or a path to a .json, .jsonl or "
-    ".parquet file, to a folder written by Dataset.save_to_disk, or a hub dataset id"
+    ".parquet file, to a folder written by Dataset.save_to_disk or holding a dataset repository, or a hub dataset id"
 )
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -187,11 +187,8 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
                 f"failed ({type(error).__name__}: {error}). Check the path, or the hub id and network"
             ) from error
     if path.is_dir():
-        if not any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
-            raise ValueError(
-                f"{str(path)!r} is a folder but not one written by Dataset.save_to_disk; give such a folder "
-                "or a .json, .jsonl or .parquet file"
-            )
+        if not any((path / marker).exists() for marker in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            return _load_repository(path, split, name)
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             return _take_split(loaded, split)
@@ -212,6 +209,22 @@ def _load_path(path: Path, split: str, name: str | None) -> datasets.Dataset:
             "check that it is a valid, non-empty file with a `prompt` column"
         ) from error
     return _one_split(loaded, split, f"{str(path)!r}, a single file,")
+
+
+def _load_repository(path: Path, split: str, name: str | None) -> datasets.Dataset:
+    """A dataset repository's folder (a clone of a hub dataset: its data files, or a README.md naming its
+    configurations, e.g. ``--dataset_config standard_prompt_only``), read as ``datasets.load_dataset`` reads it."""
+    try:
+        loaded = datasets.load_dataset(str(path), name, split=split)
+    except Exception as error:  # no data files, a bad config or split name, unreadable files
+        raise ValueError(
+            f"{str(path)!r} is a folder but not one written by Dataset.save_to_disk, and datasets.load_dataset "
+            f"cannot read it as a dataset repository with name={name!r}, split={split!r} "
+            f"({type(error).__name__}: {error}); give such a folder (a hub dataset's clone: its data files, or a "
+            "README.md naming its configs), one written by Dataset.save_to_disk, or a .json, .jsonl or .parquet file"
+        ) from error
+    assert isinstance(loaded, datasets.Dataset)  # one split asked for
+    return loaded
 
 
 def check_utf8(path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,10 @@ import yaml
 from rloo.cli.trl_args import TRL_LORA_DEFAULTS, parse_tokens, trl_to_run
 from rloo.config import RLOOConfig
 from rloo.config.fields.declare import default_value
+from rloo.tiny import save_tiny_model
 from tests.helpers.cli import flat, invoke
+from tests.helpers.processes import child_env
+from tests.helpers.trl_port import zen_repository
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -380,3 +385,35 @@ def test_a_config_file_that_is_not_a_yaml_mapping_names_the_line_or_the_shape(tm
     listed.write_text("- learning_rate\n")
     with pytest.raises(ValueError, match=r"--config '.*list.yaml' must be a YAML mapping of flags to values"):
         read_config_file(str(listed))
+
+
+def test_report_to_none_is_the_name_none() -> None:
+    # before: `--report_to none` became [None] ("entry 0 is None"): `none` is no unset optional in a list
+    assert parse_tokens(["--report_to", "none"])[2] == {"report_to": ["none"]}
+    assert parse_tokens(["--lora_target_modules", "None", "q_proj"])[2] == {"lora_target_modules": ["None", "q_proj"]}
+
+
+@pytest.mark.system
+def test_trls_cli_test_command_trains_with_local_folders(tmp_path: Path, reward_model_dir: Path) -> None:
+    # TRL's tests/test_cli.py::test_rloo with `trl rloo` -> `rloo train`, its hub ids -> local folders (a clone of
+    # the zen dataset), bounded to one step of 2 rows, and a reward function beside the reward model
+    policy = save_tiny_model(tmp_path / "tiny-Qwen2ForCausalLM-2.5")
+    zen = zen_repository(tmp_path / "zen")
+    out = tmp_path / "out"
+    flags = ["--output_dir", out, "--model_name_or_path", policy, "--reward_model_name_or_path", reward_model_dir]
+    flags += ["--dataset_name", zen, "--dataset_config", "standard_prompt_only", "--num_generations", "2"]
+    flags += ["--max_completion_length", "32", "--report_to", "none", "--max_steps", "1"]
+    flags += ["--per_device_train_batch_size", "2", "--reward_funcs", "think_format_reward"]
+    result = subprocess.run(
+        [sys.executable, "-m", "rloo", "train", *map(str, flags)],
+        env=child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    (logged,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert logged["step"] == 1 and {"rewards/tiny-rm/mean", "rewards/think_format/mean"} <= set(logged)
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert (recorded["dataset"]["path"], recorded["dataset"]["name"]) == (str(zen), "standard_prompt_only")
+    assert recorded["report_to"] == ["none"] and (out / "final" / "model.safetensors").is_file()

@@ -24,6 +24,7 @@ from rloo.data.prompts import (
     tokenize_prompts,
 )
 from rloo.tiny import build_char_tokenizer
+from tests.helpers.trl_port import ZEN_TEST, ZEN_TRAIN, zen_repository
 
 ROWS = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+3=", "answer": "5"}]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
@@ -94,6 +95,20 @@ def test_load_from_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
     assert len(load_prompt_dataset(tmp_path / "dd", split="eval")) == 1
     with pytest.raises(ValueError, match="available splits: eval"):
         load_prompt_dataset(tmp_path / "dd")
+
+
+def test_load_a_dataset_repository_folder_by_its_configuration(tmp_path: Path) -> None:
+    # before: refused as "not written by Dataset.save_to_disk" (TRL's CLI loads a hub dataset's clone)
+    folder = zen_repository(tmp_path / "zen", ("standard_prompt_only", "conversational_prompt_only"))
+    plain = load_prompt_dataset(folder, name="standard_prompt_only")
+    assert plain["prompt"] == ZEN_TRAIN
+    chat = load_prompt_dataset(folder, split="test", name="conversational_prompt_only")
+    assert chat[0]["prompt"] == [{"role": "user", "content": ZEN_TEST[0]}]
+    with pytest.raises(ValueError, match=r"zen' is a folder but not one written by Dataset.save_to_disk, and .*"):
+        load_prompt_dataset(folder, name="standard_preference")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"cannot read it as a dataset repository with name=None, split='train'"):
+        load_prompt_dataset(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("data", [42, {"prompt": ["a"]}, [1, 2], None])

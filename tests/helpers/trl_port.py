@@ -57,6 +57,20 @@ def zen(config_name: str = "standard_prompt_only", split: str = "train", streami
     return data.to_iterable_dataset() if streaming else data
 
 
+def zen_repository(folder: Path, configs: tuple[str, ...] = ("standard_prompt_only",)) -> Path:
+    """A folder laid out as a clone of the hub's ``trl-internal-testing/zen``: one folder of parquet files per
+    configuration and a README.md naming them, which ``load_dataset(folder, config, split=...)`` reads."""
+    card = ["---", "configs:"]
+    for config in configs:
+        (folder / config).mkdir(parents=True)
+        card += [f"- config_name: {config}", "  data_files:"]
+        for split in ("train", "test"):
+            zen(config, split).to_parquet(str(folder / config / f"{split}-00000-of-00001.parquet"))
+            card += [f"  - split: {split}", f"    path: {config}/{split}-*"]
+    (folder / "README.md").write_text("\n".join([*card, "---", ""]))
+    return folder
+
+
 def zen_image(images_per_row: int = 1, n: int = 6) -> datasets.Dataset:
     """Conversational prompts with ``images_per_row`` image parts each and an ``images`` column."""
     rows = []
