@@ -103,3 +103,13 @@ def test_the_wheel_holds_the_package_and_runs_outside_the_checkout(tmp_path: Pat
     # the config and trainer import from the wheel (every stage of the package, with torch and transformers)
     trainer = subprocess.run([str(python), "-c", "from rloo import RLOOConfig, RLOOTrainer, GRPOTrainer"], **run)
     assert trainer.returncode == 0, trainer.stderr[-4000:]
+
+
+def test_the_install_lines_name_this_versions_wheel_and_the_build_ci_runs() -> None:
+    """docs/installation.md's lines are the ones the test above checks: the wheel's name at this version, the
+    build command, and the offline build it runs."""
+    page = (REPO / "docs" / "installation.md").read_text()
+    assert "python -m build --wheel" in page and "python -m build --wheel --no-isolation" in page
+    assert f"pip install dist/rloo-{rloo.__version__}-py3-none-any.whl" in page
+    readme = (REPO / "README.md").read_text()
+    assert "`pip install -e .` from this checkout, or a wheel built here" in readme
