@@ -7,6 +7,7 @@ fused step (:func:`rloo.generation.sampling.sample_next_token`), the loop stops 
 has emitted EOS, rows that have ended leave the decode batch (:mod:`rloo.generation.decoding`),
 and the log-prob of each sampled token under the sampling policy is
 recorded on the way, so no extra forward pass is needed for it.
+On a CPU, a decode step's LM head takes a kernel that suits few rows (:mod:`rloo.generation.decode_head`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rloo.algo.masks import completion_mask_from_lengths
+from rloo.generation.decode_head import weight_left_head
 from rloo.generation.decoding import DecodeBatch, finished_check_every, step_draws
 from rloo.generation.device import model_device
 from rloo.generation.kv_cache import can_select_rows, preallocate, returned_cache, share_prefill
@@ -280,69 +282,70 @@ def generate_rollouts(
         uniforms = completion_uniforms(sampling_seed, group_ids, k, max_new_tokens, device)
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
     vision = None if vision is None else vision.to(device)
-    filled = prefill(model, ids, mask, k, vision)
-    prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
-    total = prompt_ids_k.shape[0]
-    padded = any(len(seq) != ids.shape[1] for seq in prompt_ids)
-    cache = preallocate(filled.cache, max_new_tokens)
-    batch = DecodeBatch.start(model, filled, cache, prompt_ids_k, prompt_mask_k, max_new_tokens, padded)
-    compact_at = compact_at if can_select_rows(batch.cache) else None
-    check_every = check_every or finished_check_every(device)
-    eos = torch.tensor(list(eos_token_ids), device=device)
-    placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
-    finished = torch.zeros(total, dtype=torch.bool, device=device)
-    cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
-    # the steps each row began finished (a row's length is the steps run less these), and the rows cut
-    # before a placeholder (one token shorter): one in-place add a step, where a length and a last step
-    # rewritten with torch.where took six ops (the decode step's own ops are its cost on a GPU)
-    finished_steps = torch.zeros(total, dtype=torch.long, device=device)
-    cut_short = torch.zeros_like(finished)
-    tokens: list[Tensor] = []
-    logprobs: list[Tensor] = []
-    for step in range(max_new_tokens):
-        draws = step_draws(uniforms, step, batch.rows, total, params, generator)
-        token, logprob = sample_next_token(batch.logits, batch.history, params, generator, draws)
-        token = batch.full(token, pad_token_id).masked_fill_(finished, pad_token_id)
-        tokens.append(token)
-        logprobs.append(batch.full(logprob, 0.0))
-        finished_steps += finished
-        # a finished row's EOS again changes nothing: no mask of the running rows is needed here
-        ends = torch.isin(token, eos)
-        if stop is not None:
-            ends |= stop(tokens, ~finished)
-        if vision is not None:
-            # an image placeholder in a completion would claim image features no forward has: the row
-            # ends before it, as truncated (no EOS)
-            cuts = ~finished & torch.isin(token, placeholders)
-            cut_short |= cuts & ~ends  # ended at the same step (a stop string): its length holds
-            cut |= cuts
-            ends |= cuts
-        finished |= ends
-        if step == max_new_tokens - 1:
-            break
-        if (step + 1) % check_every == 0:  # the one host read of this step: rows finished, in all and in the batch
-            finished_rows, finished_in_batch = torch.stack([finished.sum(), finished[batch.rows].sum()]).tolist()
-            done = finished_rows == total
-            if all_done(done) if all_done is not None else done:
+    with weight_left_head(model):  # the decode steps' LM head: rloo.generation.decode_head
+        filled = prefill(model, ids, mask, k, vision)
+        prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
+        total = prompt_ids_k.shape[0]
+        padded = any(len(seq) != ids.shape[1] for seq in prompt_ids)
+        cache = preallocate(filled.cache, max_new_tokens)
+        batch = DecodeBatch.start(model, filled, cache, prompt_ids_k, prompt_mask_k, max_new_tokens, padded)
+        compact_at = compact_at if can_select_rows(batch.cache) else None
+        check_every = check_every or finished_check_every(device)
+        eos = torch.tensor(list(eos_token_ids), device=device)
+        placeholders = torch.tensor(placeholder_token_ids(model) if vision else [], dtype=torch.long, device=device)
+        finished = torch.zeros(total, dtype=torch.bool, device=device)
+        cut = torch.zeros_like(finished)  # rows that sampled an image placeholder token
+        # the steps each row began finished (a row's length is the steps run less these), and the rows cut
+        # before a placeholder (one token shorter): one in-place add a step, where a length and a last step
+        # rewritten with torch.where took six ops (the decode step's own ops are its cost on a GPU)
+        finished_steps = torch.zeros(total, dtype=torch.long, device=device)
+        cut_short = torch.zeros_like(finished)
+        tokens: list[Tensor] = []
+        logprobs: list[Tensor] = []
+        for step in range(max_new_tokens):
+            draws = step_draws(uniforms, step, batch.rows, total, params, generator)
+            token, logprob = sample_next_token(batch.logits, batch.history, params, generator, draws)
+            token = batch.full(token, pad_token_id).masked_fill_(finished, pad_token_id)
+            tokens.append(token)
+            logprobs.append(batch.full(logprob, 0.0))
+            finished_steps += finished
+            # a finished row's EOS again changes nothing: no mask of the running rows is needed here
+            ends = torch.isin(token, eos)
+            if stop is not None:
+                ends |= stop(tokens, ~finished)
+            if vision is not None:
+                # an image placeholder in a completion would claim image features no forward has: the row
+                # ends before it, as truncated (no EOS)
+                cuts = ~finished & torch.isin(token, placeholders)
+                cut_short |= cuts & ~ends  # ended at the same step (a stop string): its length holds
+                cut |= cuts
+                ends |= cuts
+            finished |= ends
+            if step == max_new_tokens - 1:
                 break
-            if compact_at is not None:
-                batch.compact(finished, compact_at, finished_in_batch)
-        batch.advance(model, batch.own(token), params.repetition_penalty != 1.0)
-    steps_run = len(tokens) - finished_steps  # up to and including the step each row finished at
-    # the loop may have run past the step every row had finished by (it checks every check_every steps):
-    # those columns are padding, dropped; in lockstep every process keeps the steps they all ran
-    width = len(tokens) if all_done is not None else int(steps_run.max())
-    completion_ids = torch.stack(tokens[:width], dim=1)
-    logprobs = logprobs[: completion_ids.shape[1]]
-    completion_mask = completion_mask_from_lengths(steps_run - cut_short.long(), completion_ids.shape[1])
-    completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
-    return Rollout(
-        prompt_ids=prompt_ids_k,
-        prompt_mask=prompt_mask_k,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        truncated=~finished | cut,
-        sampling_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
-        group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
-        vision=None if vision is None else vision.repeat(k),
-    )
+            if (step + 1) % check_every == 0:  # the one host read of this step: rows finished, in all and in the batch
+                finished_rows, finished_in_batch = torch.stack([finished.sum(), finished[batch.rows].sum()]).tolist()
+                done = finished_rows == total
+                if all_done(done) if all_done is not None else done:
+                    break
+                if compact_at is not None:
+                    batch.compact(finished, compact_at, finished_in_batch)
+            batch.advance(model, batch.own(token), params.repetition_penalty != 1.0)
+        steps_run = len(tokens) - finished_steps  # up to and including the step each row finished at
+        # the loop may have run past the step every row had finished by (it checks every check_every steps):
+        # those columns are padding, dropped; in lockstep every process keeps the steps they all ran
+        width = len(tokens) if all_done is not None else int(steps_run.max())
+        completion_ids = torch.stack(tokens[:width], dim=1)
+        logprobs = logprobs[: completion_ids.shape[1]]
+        completion_mask = completion_mask_from_lengths(steps_run - cut_short.long(), completion_ids.shape[1])
+        completion_ids = torch.where(completion_mask.bool(), completion_ids, pad_token_id)
+        return Rollout(
+            prompt_ids=prompt_ids_k,
+            prompt_mask=prompt_mask_k,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            truncated=~finished | cut,
+            sampling_logprobs=torch.stack(logprobs, dim=1) * completion_mask,
+            group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
+            vision=None if vision is None else vision.repeat(k),
+        )
