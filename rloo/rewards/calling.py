@@ -378,9 +378,10 @@ class RewardFunctions:
     def warn_unscorable(self, scorable: Tensor, prompts: Sequence[Any], k: int) -> None:
         """Through the policy's ``warn``, once: the first completion every function returned None for
         (TRL warns too), by its prompt's place in the batch (``prompts``: P, each with ``k`` consecutive rows)."""
-        missing = (~scorable).nonzero().flatten().tolist()
-        if not missing or self.warned_unscorable or self.policy.warn is None:
+        # once warned, nothing more is read; before, one read a batch of this CPU tensor (no device sync)
+        if self.warned_unscorable or self.policy.warn is None or bool(scorable.all()):
             return
+        missing = (~scorable).nonzero().flatten().tolist()
         self.warned_unscorable = True
         self.policy.warn(unscorable_message(missing, prompts, k))
 
