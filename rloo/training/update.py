@@ -12,6 +12,7 @@ then clipped; a step whose loss or gradient is not finite makes no update
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +52,15 @@ def router_loss_coef(model: Any, coef: float | None) -> float:
     """The weight of ``model``'s load-balancing loss in the loss, as TRL 1.16 takes it: ``coef``
     (``router_aux_loss_coef``), or where None the model config's own; 0 where the model has no such loss.
     The loss is added whatever the config's ``output_router_logits`` (the training forwards ask for the
-    router logits themselves), as TRL's. A coefficient set for a model without the loss is refused (TRL too)."""
+    router logits themselves), as TRL's. A coefficient set for a model without the loss is warned about where
+    TRL raises: every config.yaml rloo wrote before this default records 0.001, and resuming one must work."""
     if not is_mixture_of_experts(model):
         if coef:
-            raise ValueError(
-                f"RLOOConfig.router_aux_loss_coef={coef!r} is invalid for {type(model).__name__}: it has no "
+            warnings.warn(
+                f"RLOOConfig.router_aux_loss_coef={coef!r} has no effect on {type(model).__name__}: it has no "
                 "load-balancing loss to weight (not a mixture-of-experts model whose config declares "
-                "router_aux_loss_coef and output_router_logits). Leave router_aux_loss_coef unset (None) or 0"
+                "router_aux_loss_coef and output_router_logits); leave router_aux_loss_coef unset (None) or 0",
+                stacklevel=3,
             )
         return 0.0
     if coef is None:

@@ -141,7 +141,7 @@ class AlgorithmFields:
         None,
         "Weight of a mixture-of-experts model's load-balancing loss added to the loss, >= 0 (logged as aux_loss); "
         "None: the model config's own router_aux_loss_coef (as TRL 1.16); 0 turns it off; set on a model "
-        "without that loss, the trainer refuses it.",
+        "without that loss, it has no effect (warned; TRL raises).",
         trl="router_aux_loss_coef",
     )
     entropy_coef: float = option(0.0, "Weight of an entropy bonus subtracted from the loss, >= 0; 0 = off.", trl=None)
