@@ -1,8 +1,10 @@
-"""Rewrite the generated parts of the docs pages: the config field table (docs/configuration.md) and the
-health monitors' thresholds (docs/reliability.md), each between its markers.
+"""Rewrite the generated parts of the docs pages: the config field table (docs/configuration.md), the
+health monitors' thresholds (docs/reliability.md) and the defaults that differ from TRL's
+(docs/migrating-from-trl.md), each between its markers.
 
-Run after adding or changing a config field or a threshold: ``.venv/bin/python scripts/regen_docs.py``
-(tests/config/test_docs.py and tests/training/monitoring/test_health.py fail until the pages match).
+Run after adding or changing a config field, a threshold or a difference from TRL's defaults:
+``.venv/bin/python scripts/regen_docs.py`` (tests/config/test_docs.py, tests/training/monitoring/test_health.py
+and tests/config/test_trl_defaults.py fail until the pages match).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def rewrite(page: Path, start: str, end: str, body: str) -> None:
 
 
 def main() -> None:
+    from rloo.config import RLOOConfig
     from rloo.config.health import thresholds_markdown
+    from rloo.config.trl.defaults import differences_markdown
 
     table = subprocess.run(
         [sys.executable, "-m", "rloo.config"], capture_output=True, text=True, check=True, cwd=ROOT
@@ -37,6 +41,12 @@ def main() -> None:
         "<!-- health-thresholds:start -->\n",
         "\n<!-- health-thresholds:end -->",
         thresholds_markdown(),
+    )
+    rewrite(
+        DOCS / "migrating-from-trl.md",
+        "<!-- trl-defaults:start -->\n",
+        "\n<!-- trl-defaults:end -->",
+        differences_markdown(RLOOConfig),
     )
 
 

@@ -1,6 +1,7 @@
 """``RLOOConfig``: every setting of a run, validated once when constructed.
 
-Names and default semantics follow TRL 1.13's ``RLOOConfig`` where a field means the same.
+Names and default semantics follow TRL 1.13's ``RLOOConfig`` where a field means the same (the defaults are
+TRL 1.16's, but for the deliberate differences :mod:`rloo.config.trl.defaults` lists with their reasons).
 Departures, on purpose:
 
 - ``bf16=None`` (the default) picks bf16 on GPUs that support it and fp32 elsewhere, so

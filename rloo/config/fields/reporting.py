@@ -127,9 +127,10 @@ class ReportingFields:
         "optimizer step's forward and backward, row by row, per measured batch.",
         trl=None,
     )
-    num_completions_to_print: int = option(
-        0,
-        "Accepted for TRL configs, >= 0, but unused: completions are written by log_completions instead.",
+    num_completions_to_print: int | None = option(
+        None,
+        "Accepted for TRL configs (TRL: completions printed to the console, None = all), >= 0 or None, but unused: "
+        "completions are written by log_completions instead.",
         trl="num_completions_to_print",
     )
 
@@ -159,8 +160,8 @@ def check_reporting(config: RLOOConfig) -> None:
             )
     if config.log_grad_variance < 0:
         raise fail("log_grad_variance", config.log_grad_variance, "must be >= 0 (steps between measurements; 0 = off)")
-    if config.num_completions_to_print < 0:
-        raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0")
+    if config.num_completions_to_print is not None and config.num_completions_to_print < 0:
+        raise fail("num_completions_to_print", config.num_completions_to_print, "must be >= 0, or None")
 
 
 def _check_strategies(config: RLOOConfig) -> None:

@@ -8,4 +8,6 @@ translates, refuses with the reason, or passes through to transformers.
 - :mod:`.passthrough`: the keyword mappings passed to transformers (``model_init_kwargs``,
   ``generation_kwargs``), made recordable in ``config.yaml``.
 - :mod:`.grpo_config`: ``GRPOConfig``, ``RLOOConfig`` with TRL's GRPO defaults.
+- :mod:`.defaults`: the defaults that differ from TRL's on purpose, each with its reason (the migration docs'
+  table, the start-up line), and TRL's spellings of a default rloo reads as its own.
 """

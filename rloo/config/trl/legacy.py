@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from rloo.config.trl.defaults import as_rloo_spelling
 from rloo.config.trl.elsewhere import ELSEWHERE
 from rloo.config.trl.grpo_names import translate_grpo_names
 from rloo.config.trl.passthrough import lift_generation_fields
@@ -80,7 +81,8 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
     ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`),
-    and GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.trl.grpo_names`).
+    GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.trl.grpo_names`), and
+    TRL's spelling of a default to rloo's (``pad_to_multiple_of='auto'``: :mod:`rloo.config.trl.defaults`).
     Raises ``ValueError`` for a refused name, and for an older and a current name of one field
     given different values (naming both). Called by the constructor and by ``replace``;
     ``stacklevel=3`` points the warning at the caller of either.
@@ -106,7 +108,7 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             FutureWarning,
             stacklevel=3,
         )
-    return lift_generation_fields(translate_grpo_names(out))
+    return as_rloo_spelling(lift_generation_fields(translate_grpo_names(out)))
 
 
 def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:

@@ -78,7 +78,9 @@ def device_text(device: Any, mixed_precision: str, sharded: bool) -> str:
 
 
 def announce(console: Any, args: Any, accelerator: Any, model: Any, max_steps: int, ranks: Any) -> None:
-    """The run's first lines: the algorithm's formulas, then the model, the device and the plan of steps."""
+    """The run's first lines: the algorithm's formulas, then the model, the device and the plan of steps, and the
+    defaults left as rloo's where they differ from TRL's (:mod:`rloo.config.trl.defaults`)."""
+    from rloo.config.trl.defaults import start_up_note
     from rloo.training.setup.models import count_parameters
 
     console.print(args.describe_algorithm())
@@ -87,6 +89,9 @@ def announce(console: Any, args: Any, accelerator: Any, model: Any, max_steps: i
     # sharded: over several processes, or over one to offload its parameters
     where = device_text(accelerator.device, accelerator.mixed_precision, is_sharded(model))
     console.print(run_summary(args, count_parameters(model), where, max_steps, ranks.world_size))
+    note = start_up_note(args, accelerator.mixed_precision)
+    if note is not None:
+        console.print(note, highlight=False, markup=False)
 
 
 def run_summary(args: Any, parameters: tuple[int, int], where: str, max_steps: int, world_size: int = 1) -> str:
