@@ -14,9 +14,11 @@ this project's 2-core CPU (AMD EPYC, MKL 2024.2, torch 2.13), a 32,000 x 512 hea
 A varied-length rollout spends most of its decode steps at 1-13 rows (the long tail of a few
 completions), where the head is most of a step. From a few hundred rows (prefill, the log-prob and
 training passes) the two kernels are even, so only a decode-sized call takes this path
-(:data:`MAX_ROWS`). The two orders sum each logit's H products in different orders, so logits may
-differ in the last bit (4e-5 at logits of ~10 here), as a batched forward's already do from a decode
-step's; the sampler's log-probs are those of the logits it samples from either way.
+(:data:`MAX_ROWS`), and only for a head of at least :data:`MIN_VOCAB` columns: a small head costs
+microseconds either way, and there the extra transposes would be a step's only extra ops. The two
+orders sum each logit's H products in different orders, so logits may differ in the last bit (4e-5
+at logits of ~10 here), as a batched forward's already do from a decode step's; the sampler's
+log-probs are those of the logits it samples from either way.
 
 Only a plain ``nn.Linear`` head on a CPU in float32 outside autocast is changed, for the duration
 of a rollout (:func:`weight_left_head`); a GPU's GEMMs have no such gap.
@@ -33,6 +35,8 @@ from torch import Tensor, nn
 
 # above this many rows a call takes nn.Linear's own kernel (the two are even from a few hundred)
 MAX_ROWS = 64
+# a head with fewer output columns (vocabulary) keeps nn.Linear's kernel
+MIN_VOCAB = 16_384
 
 
 def weight_left_linear(head: nn.Linear, hidden: Tensor) -> Tensor:
@@ -48,10 +52,11 @@ def weight_left_linear(head: nn.Linear, hidden: Tensor) -> Tensor:
 
 
 def takes_weight_left(head: object) -> bool:
-    """Whether ``head`` is a plain float32 ``nn.Linear`` on a CPU whose forward nothing has replaced
-    (accelerate's offload hooks, a PEFT layer, a quantized linear are left alone)."""
+    """Whether ``head`` is a plain float32 ``nn.Linear`` of at least :data:`MIN_VOCAB` outputs on a CPU whose
+    forward nothing has replaced (accelerate's offload hooks, a PEFT layer, a quantized linear are left alone)."""
     return (
         type(head) is nn.Linear
+        and head.out_features >= MIN_VOCAB
         and "forward" not in vars(head)
         and head.weight.device.type == "cpu"
         and head.weight.dtype == torch.float32

@@ -15,7 +15,13 @@ from tests.generation.test_decoding import TEXTS, assert_same_rollout, sample
 from tests.generation.test_model_families import build
 from tests.helpers.models import make_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "any_vocabulary")
+
+
+@pytest.fixture
+def any_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' heads are small: take the path at any vocabulary size (one test checks the limit)."""
+    monkeypatch.setattr("rloo.generation.decode_head.MIN_VOCAB", 1)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, MAX_ROWS, MAX_ROWS + 1])
@@ -73,6 +79,11 @@ def test_other_heads_are_left_alone(head: Any) -> None:
     model.get_output_embeddings = lambda: head  # type: ignore[assignment,method-assign]
     with weight_left_head(model):
         assert head is None or "forward" not in vars(head)
+
+
+def test_a_small_vocabulary_keeps_the_linear_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rloo.generation.decode_head.MIN_VOCAB", 1000)
+    assert takes_weight_left(nn.Linear(8, 1000)) and not takes_weight_left(nn.Linear(8, 999))
 
 
 def test_a_hooked_head_and_cpu_autocast_are_left_alone() -> None:
