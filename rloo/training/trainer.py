@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from accelerate.utils import set_seed
-from rich.markup import escape
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import TrainOutput
@@ -60,6 +59,7 @@ from rloo.training.checkpointing.run_folder import (
     write_report,
     write_run_files,
 )
+from rloo.training.checkpointing.run_record import run_record
 from rloo.training.experience import ExperienceMaker, StoredLogprobs
 from rloo.training.metrics import headline_eval_reward
 from rloo.training.monitoring.compute_metrics import resolve_compute_metrics
@@ -77,7 +77,7 @@ from rloo.training.monitoring.logs import (
 )
 from rloo.training.monitoring.nonfinite import SKIPPED_STEP
 from rloo.training.monitoring.progress import TrainingProgress
-from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted
+from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted, interrupted_message
 from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine
 from rloo.training.passes import TrainBatch, micro_batch_rows
@@ -192,8 +192,9 @@ class RLOOTrainer(CallbackMethods):
             ReferenceSync.KEY: self.reference_sync,
             ROLLOUTS_KEY: self.rollouts,
         }
-        # the full run file when built by ``rloo train``; written as config.yaml
-        self.run_config: dict[str, Any] | None = None
+        # config.yaml's run-file keys: what these arguments name (run_record.py); `rloo train` sets its run file
+        named = (model, rewards, (train_dataset, eval_dataset), peft_config, compute_metrics)
+        self.run_config: dict[str, Any] = run_record(*named, agent=(tools, rollout_func, environment_factory))
         self._window: list[dict[str, float]] = []
         self._warnings = RunWarnings(self.output_dir, self.console, write=self.ranks.is_main)
         if (caution := staleness_caution(args.max_staleness, args.algorithm.clip_ratio)) is not None:
@@ -277,11 +278,8 @@ class RLOOTrainer(CallbackMethods):
             self.rollouts.close()  # a rollout worker's process
         if signum is not None:
             path = self._save_checkpoint()
-            resume = escape(f"rloo train {self.output_dir / 'config.yaml'} --resume")  # user text: no markup
-            self.console.print(
-                f"interrupted at step {self.state.global_step}: checkpoint saved to {escape(str(path))}. Resume "
-                f"with trainer.train(resume_from_checkpoint=True) or `{resume}`."
-            )
+            cli = not getattr(self.run_config, "notes", None)  # config.yaml re-runs it: all was recorded
+            self.console.print(interrupted_message(self.state.global_step, path, self.output_dir, cli))
             raise TrainingInterrupted(signum, path)
         if self.best.restore(self.unwrapped_model, self.state):
             self.console.print(f"loaded the best model: {self.best.metric}={self.state.best_metric:.4g}")

@@ -38,6 +38,7 @@ from rloo.training.checkpointing.checkpoints import (
     tidy_interrupted_writes,
 )
 from rloo.training.checkpointing.manifest import MANIFEST, newest_good_checkpoint
+from rloo.training.checkpointing.run_record import notes_header
 
 if TYPE_CHECKING:
     from rloo.config import RLOOConfig
@@ -145,9 +146,11 @@ def write_report(output_dir: Path, warn: Any, console: Any = None) -> Path | Non
 
 
 def config_yaml(config: dict[str, Any], run_config: dict[str, Any] | None) -> str:
-    """``config.yaml``: the run file as given (when trained by ``rloo train``) with every
-    ``RLOOConfig`` field as resolved."""
-    return yaml.safe_dump(config if run_config is None else {**run_config, **config}, sort_keys=False)
+    """``config.yaml``: the run file as given (when trained by ``rloo train``), or what a Python-API run's
+    arguments name (a :class:`rloo.training.checkpointing.run_record.RunRecord`, its notes as comments
+    above), with every ``RLOOConfig`` field as resolved."""
+    header = notes_header(getattr(run_config, "notes", []))
+    return header + yaml.safe_dump(config if run_config is None else {**run_config, **config}, sort_keys=False)
 
 
 def earlier_run_files(output_dir: Path) -> list[str]:

@@ -11,6 +11,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from rich.markup import escape
+
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -20,6 +22,18 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int, checkpoint: Path) -> None:
         super().__init__(f"{signal.Signals(signum).name}: checkpoint saved to {checkpoint}")
         self.signum, self.checkpoint, self.exit_code = signum, checkpoint, 128 + signum
+
+
+def interrupted_message(step: int, checkpoint: Path, output_dir: Path, cli: bool) -> str:
+    """What the trainer prints after a stop signal's checkpoint (rich markup: paths escaped): how to resume,
+    in Python and, when its ``config.yaml`` re-runs the run (``cli``), with ``rloo train``."""
+    resume = escape(f"rloo train {output_dir / 'config.yaml'} --resume")  # user text: no markup
+    how = (
+        f"trainer.train(resume_from_checkpoint=True) or `{resume}`"
+        if cli
+        else "trainer.train(resume_from_checkpoint=True)"
+    )
+    return f"interrupted at step {step}: checkpoint saved to {escape(str(checkpoint))}. Resume with {how}."
 
 
 _exiting = {"quiet": False}
