@@ -48,13 +48,20 @@ def test_the_readme_is_a_short_page() -> None:
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move reference material to docs/"
 
 
-def test_quickstart_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quickstart_example_runs_and_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run twice in a row, as a newcomer does: before, the second run was refused (a fixed output_dir that the
+    first run filled). Each run gets a fresh folder; neither is touched by the other."""
     example = python_blocks()[0]
     assert len([line for line in example.splitlines() if line.strip()]) <= 15
     save_tiny_model(tmp_path / "my-model", chars=DEFAULT_CHARS)
     monkeypatch.chdir(tmp_path)
-    run_block(README, example)
-    assert (tmp_path / "runs" / "quickstart" / "model" / "model.safetensors").is_file()
+    first = run_block(README, example)["trainer"].output_dir  # type: ignore[attr-defined]
+    written = (Path(first) / "config.yaml").read_text()
+    second = run_block(README, example)["trainer"].output_dir  # type: ignore[attr-defined]
+    assert (first, second) == (Path("runs/rloo"), Path("runs/rloo-2"))
+    for run in (first, second):
+        assert (tmp_path / run / "final" / "model.safetensors").is_file()
+    assert (Path(first) / "config.yaml").read_text() == written
 
 
 def test_the_coming_from_trl_import_runs() -> None:

@@ -296,7 +296,9 @@ def test_resume_continues_exactly(tmp_path: Path, overrides: dict[str, int], fir
 
 def test_existing_run_folder_is_not_overwritten(tmp_path: Path) -> None:
     trainer(tmp_path, max_steps=2, save_steps=1).train()
-    with pytest.raises(ValueError, match="already holds an earlier run"):
+    # what to do: resume, another folder, or none (each run a fresh runs/rloo-N), or replace it
+    fixes = r"resume_from_checkpoint=True .*choose a new output_dir \(or leave it unset: each run then gets a fresh"
+    with pytest.raises(ValueError, match=rf"already holds an earlier run .*{fixes} runs/rloo-N\), or set overwrite"):
         trainer(tmp_path, max_steps=2).train()
     resumed = trainer(tmp_path, max_steps=3, save_steps=1)
     resumed.train(resume_from_checkpoint=True)

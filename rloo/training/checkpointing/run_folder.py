@@ -208,7 +208,8 @@ def check_fresh_run(output_dir: Path, overwrite: bool) -> None:
         )
         raise ValueError(
             f"output_dir {str(output_dir)!r} already holds an earlier run ({', '.join(found[:6])}); "
-            f"{resume}choose a new output_dir, or set overwrite_output_dir=True to replace it (nothing was changed)"
+            f"{resume}choose a new output_dir (or leave it unset: each run then gets a fresh runs/rloo-N), or set "
+            "overwrite_output_dir=True to replace it (nothing was changed)"
         )
 
 
