@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -109,6 +110,7 @@ def check_image_inputs(dataset: Any, policy: nn.Module, processing_class: Any, a
             f"{model_class} ({family}) is a vision-language family rloo does not support with images "
             f"(supported: {', '.join(SUPPORTED_VISION_FAMILIES)}); it would not be trained text-only in its place"
         )
+    check_image_pooling(model)
     if not is_processor(processing_class):
         raise ValueError(
             f"the dataset has an `{name}` column but processing_class is a {type(processing_class).__name__}; pass "
@@ -121,6 +123,35 @@ def check_image_inputs(dataset: Any, policy: nn.Module, processing_class: Any, a
         images = row_images({name: [first[name]]}, 0)
         limit, template_kwargs = getattr(args, "max_prompt_length", None), getattr(args, "chat_template_kwargs", None)
         encode_image_prompts([first[PROMPT_COLUMN]], [images], processing_class, limit, template_kwargs)
+
+
+def check_image_pooling(model: nn.Module) -> None:
+    """Refuse a Gemma 3 config whose projector cannot pool an image's patches to its image tokens.
+
+    Gemma 3 average-pools the vision tower's ``p x p`` patch grid (``p = image_size // patch_size``)
+    to ``t x t`` tokens (``t = sqrt(mm_tokens_per_image)``) with a kernel and stride of ``p // t``: a
+    kernel of 0 fails in the tower's pooling ("stride should not be zero"), and a grid that does not
+    pool to exactly ``t x t`` gives more or fewer features than the prompt has image tokens. Both
+    are properties of the config alone (the model fails the same in transformers' own forward), as
+    in a tiny test config with SigLIP's default 224 / 16 and Gemma 3's 256 tokens."""
+    config: Any = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "gemma3":
+        return
+    vision: Any = config.vision_config
+    tokens = int(config.mm_tokens_per_image)
+    side, grid = math.isqrt(tokens), vision.image_size // vision.patch_size
+    kernel = grid // side if side else 0
+    if side * side == tokens and kernel >= 1 and grid // kernel == side:
+        return
+    failure = " (0: the vision tower fails with 'stride should not be zero')" if not kernel else ""
+    raise ValueError(
+        f"{type(model).__name__}'s config cannot pool an image into its {tokens} image tokens: "
+        f"vision_config.image_size={vision.image_size} // vision_config.patch_size={vision.patch_size} is a "
+        f"{grid}x{grid} patch grid, which Gemma 3 average-pools to t x t tokens, t = isqrt(mm_tokens_per_image="
+        f"{tokens}) = {side}, with a kernel of {grid} // {side} = {kernel}{failure}; give mm_tokens_per_image as a "
+        "square t*t and image_size // patch_size a multiple of t (e.g. 896, 14 and 256, as Gemma 3's own; 28, 7 "
+        "and 4 for a tiny one), with the processor's image size and image_seq_length matching"
+    )
 
 
 def image_counts(dataset: datasets.Dataset, name: str) -> Sequence[int]:

@@ -6,12 +6,14 @@ LoRA) are in ``tests/generation/test_model_families.py``; tiny models come from 
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import transformers
 
 import rloo.training.setup.vision as vision_module
 from rloo import RLOOTrainer
@@ -235,3 +237,55 @@ def test_a_sampled_image_placeholder_ends_the_completion_before_it_as_truncated(
         forward = no_grad_logprobs(model, rollout, 1.0, max_rows=16)
     real = rollout.completion_mask.bool()
     torch.testing.assert_close(rollout.sampling_logprobs[real], forward[real], atol=1e-4, rtol=0)
+
+
+def gemma3_with(image_size: int, patch_size: int, mm_tokens_per_image: int) -> Any:
+    """The tiny Gemma 3 (``tests/helpers/vision.py``) with another vision grid and token count."""
+    _, model = build_vision("gemma3_vl")
+    settings = copy.deepcopy(model.config)
+    settings.vision_config.image_size, settings.vision_config.patch_size = image_size, patch_size
+    settings.mm_tokens_per_image = mm_tokens_per_image
+    return transformers.Gemma3ForConditionalGeneration(settings).eval()
+
+
+def test_a_gemma3_config_that_cannot_pool_its_patches_fails_in_transformers_itself() -> None:
+    # TRL's tiny Gemma 3 shape: SigLIP's default 224 / 16 (a 14x14 grid) and Gemma 3's 256 image tokens
+    # (16 a side): pooling kernel 14 // 16 = 0, whatever pixels rloo would pass
+    model, token = gemma3_with(224, 16, 256), 7
+    ids = torch.tensor([[1] + [token] * 256 + [2]])
+    model.config.image_token_id = token
+    with torch.no_grad(), pytest.raises(RuntimeError, match="stride should not be zero"):
+        model(input_ids=ids, pixel_values=torch.zeros(1, 3, 224, 224), token_type_ids=(ids == token).long())
+
+
+@pytest.mark.parametrize(
+    ("image_size", "patch_size", "tokens", "kernel"),
+    [(224, 16, 256, 0), (28, 7, 5, 2), (21, 7, 4, 1)],  # kernel 0; not a square; a 3x3 grid pooled to 3x3, not 2x2
+)
+def test_a_gemma3_config_that_cannot_pool_its_patches_is_refused_at_start_up_naming_the_fields(
+    tmp_path: Path, image_size: int, patch_size: int, tokens: int, kernel: int
+) -> None:
+    processor, _ = build_vision("gemma3_vl")
+    model = gemma3_with(image_size, patch_size, tokens)
+    fields = (
+        rf"vision_config.image_size={image_size} // vision_config.patch_size={patch_size} .*"
+        rf"isqrt\(mm_tokens_per_image={tokens}\) = .*, with a kernel of .* = {kernel}.*"
+        r"image_size // patch_size a multiple of t"
+    )
+    with pytest.raises(ValueError, match=fields):
+        make_trainer(tmp_path, image_rows(), model, processor)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("image_size", "patch_size", "tokens"), [(28, 7, 4), (28, 7, 16), (28, 14, 4)])
+def test_a_gemma3_config_whose_patches_pool_to_its_image_tokens_trains(
+    tmp_path: Path, image_size: int, patch_size: int, tokens: int
+) -> None:
+    built, _ = build_vision("gemma3_vl")
+    processor = transformers.Gemma3Processor(  # as many image tokens in a prompt as the projector gives
+        built.image_processor, built.tokenizer, chat_template=built.chat_template, image_seq_length=tokens
+    )
+    model = gemma3_with(image_size, patch_size, tokens)
+    trainer = make_trainer(tmp_path, image_rows(4), model, processor)
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
