@@ -196,17 +196,21 @@ def _samples_section(completions: list[dict[str, Any]]) -> str:
     picked = _pick_samples(completions, SAMPLE_ROWS)
     steps = sorted({int(row["step"]) for row in completions})
     caption = f"The best and worst rewards of steps {', '.join(map(str, steps))} ({len(picked)} of {len(completions)})."
-    # columns reward functions added with log_extra, after the standard ones
-    extra = list(dict.fromkeys(k for row in picked for k in row if k not in _SAMPLE_COLUMNS))
+    # each reward function's own score after the combined reward; columns reward functions added with
+    # log_extra after the standard ones
+    functions = list(dict.fromkeys(k for row in picked if isinstance(row.get("rewards"), dict) for k in row["rewards"]))
+    extra = list(dict.fromkeys(k for row in picked for k in row if k not in (*_SAMPLE_COLUMNS, "rewards")))
     cells = "".join(
         f"<tr><td>{int(row['step'])}</td><td>{_cell_text(row.get('prompt'))}</td>"
         f"<td>{_cell_text(row.get('completion'))}</td><td>{_fmt(row.get('reward'))}</td>"
-        f"<td>{_fmt(row.get('advantage'))}</td>"
+        + "".join(f"<td>{_fmt((row.get('rewards') or {}).get(name))}</td>" for name in functions)
+        + f"<td>{_fmt(row.get('advantage'))}</td>"
         + "".join(f"<td>{_cell_text(row.get(k))}</td>" for k in extra)
         + "</tr>"
         for row in picked
     )
-    header = "<tr><th>step</th><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th>"
+    header = "<tr><th>step</th><th>prompt</th><th>completion</th><th>reward</th>"
+    header += "".join(f"<th>{html.escape(name)}</th>" for name in functions) + "<th>advantage</th>"
     header += "".join(f"<th>{html.escape(k)}</th>" for k in extra) + "</tr>"
     return f'{head}<p>{caption}</p><table class="samples">{header}{cells}</table></section>'
 

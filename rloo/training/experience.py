@@ -232,7 +232,7 @@ class ExperienceMaker:
         """Append every process's completions of the batch to ``completions.jsonl`` (main process); with
         ``log_multimodal``, each prompt's images are saved beside it and named in its rows."""
         images = scored.images if self.args.log_multimodal else None
-        parts = self.ranks.gather_objects((completion_rows(step, scored, advantages), images))
+        parts = self.ranks.gather_objects((completion_rows(step, scored, advantages, self.reward_names), images))
         if self.ranks.is_main:
             for rank, (rows, rank_images) in enumerate(parts):
                 if rank_images is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,10 +283,14 @@ def headline_eval_reward(logs: dict[str, float]) -> float:
     return next(value for key, value in logs.items() if key.startswith("eval_") and key.endswith("_reward"))
 
 
-def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> list[dict[str, Any]]:
-    """One JSON-ready row per completion: step, prompt, completion (a multi-turn episode's messages, tool
-    answers included), reward (None when unscorable), advantage."""
+def completion_rows(
+    step: int, scored: ScoredRollout, advantages: Tensor, reward_names: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One JSON-ready row per completion: step (that of the metrics row it is part of), prompt, completion (a
+    multi-turn episode's messages, tool answers included), reward (the combined one; None when unscorable),
+    rewards (each function's own, unweighted, by name; None where it does not apply), advantage."""
     rewards, scorable = scored.rewards.rewards, scored.rewards.scorable
+    scores = scored.rewards.scores.values.tolist()  # (N, F), NaN where a function does not apply
     k, n = len(scored.completion_texts) // len(scored.prompts), len(scored.completion_texts)
     extra = scored.rewards.log.extra  # reward functions' log_extra columns
     for column, values in extra.items():
@@ -299,6 +304,7 @@ def completion_rows(step: int, scored: ScoredRollout, advantages: Tensor) -> lis
             "prompt": scored.prompts[i // k],
             "completion": text if scored.episodes is None else scored.episodes[i].messages,
             "reward": float(rewards[i]) if bool(scorable[i]) else None,
+            "rewards": {name: None if math.isnan(v) else v for name, v in zip(reward_names, scores[i], strict=True)},
             "advantage": float(advantages[i]),
             "policy_version": scored.policy_version,  # the optimizer steps of the policy that sampled it
             **{column: values[i] for column, values in extra.items()},

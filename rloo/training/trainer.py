@@ -46,7 +46,7 @@ from rloo.rewards.resolve import check_code_rewards, processing_classes, run_rew
 from rloo.tools.agent import AgentSettings
 from rloo.tools.environments import environment_rows
 from rloo.tools.rollout_func import bind_rollout_func
-from rloo.training.cadence import checkpoint_due, evaluation_due, evaluation_setting
+from rloo.training.cadence import checkpoint_due, completions_step, evaluation_due, evaluation_setting, logging_due
 from rloo.training.callbacks import CallbackMethods, Callbacks
 from rloo.training.checkpointing import checkpoints
 from rloo.training.checkpointing.best_model import BestModel
@@ -339,8 +339,8 @@ class RLOOTrainer(CallbackMethods):
 
     def _diagnose(self, scored: ScoredRollout, batch: TrainBatch) -> None:
         args, step = self.args, self.state.global_step
-        if args.log_completions and step % args.steps("logging_steps", self.state.max_steps) == 0:
-            self.experience.log_completions(step, scored, batch.advantages)
+        if args.log_completions and (logged := completions_step(args, step, self.state.max_steps)) is not None:
+            self.experience.log_completions(logged, scored, batch.advantages)  # the step of its metrics row
         if self.grad_variance is not None and self.grad_variance.due(step):
             rewards, scorable = batch.rewards, scored.rewards.scorable
             assert rewards is not None  # every batch of ExperienceMaker.train_batch has them
@@ -381,10 +381,7 @@ class RLOOTrainer(CallbackMethods):
         self.progress.update(state.global_step, metrics)
         callbacks = self.callback_handler
         callbacks.fire("on_step_end")  # a TrainerCallback's control flags add to the schedule
-        first = args.logging_first_step and state.global_step == 1
-        log_due = state.global_step % args.steps("logging_steps", state.max_steps) == 0
-        log_due = log_due or state.global_step == state.max_steps or first
-        if callbacks.requested("should_log") or log_due:
+        if callbacks.requested("should_log") or logging_due(args, state.global_step, state.max_steps):
             self._log(mean_metrics(self._window))
             self._window = []
         evaluate_due = evaluation_due(args, state.global_step, state.max_steps, epoch_ended)

@@ -224,6 +224,18 @@ def test_completions_written_by_the_trainer_format(tmp_path: Path) -> None:
     assert samples.index("answer 3-1") < samples.index("answer 3-0") < samples.index("<td>?</td><td>–</td>")
 
 
+def test_each_reward_functions_score_is_a_column_of_the_samples(tmp_path: Path) -> None:
+    rows = [
+        {"step": 3, "prompt": "p", "completion": "a", "reward": 1.5, "rewards": {"acc": 1.0, "fmt": 0.5}},
+        {"step": 3, "prompt": "p", "completion": "b", "reward": 0.5, "rewards": {"acc": None, "fmt": 0.5}},
+    ]
+    run = make_run(tmp_path / "run", metrics=[{"step": 3.0, "reward": 1.0}], completion_rows=rows)
+    samples = build_report(run).read_text().split('<section id="samples">')[1]
+    assert "<th>reward</th><th>acc</th><th>fmt</th><th>advantage</th>" in samples
+    assert "<td>1.5</td><td>1</td><td>0.5</td><td>–</td>" in samples  # no advantage given: –
+    assert "<td>0.5</td><td>–</td><td>0.5</td>" in samples and "{" not in samples.split("</table>")[0]
+
+
 @pytest.mark.system
 def test_import_stays_light() -> None:
     code = "import sys, rloo.report.page; assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"

@@ -176,13 +176,43 @@ def test_reward_functions_log_extra_columns_and_metrics_as_in_trl(tmp_path: Path
     assert all((row["length_class"] == "long") == (len(row["completion"]) > 3) for row in rows)
     logs = [row for row in run.state.log_history if "reward" in row]
     for step_log, step in zip(logs, (1, 2), strict=True):
-        completions = [row["completion"] for row in rows if row["step"] == step - 1]
+        completions = [row["completion"] for row in rows if row["step"] == step]
         expected = (sum(map(len, completions)) / len(completions) + 0.0) / 2
         assert step_log["custom/mean_chars"] == pytest.approx(expected)
     from rloo.report.page import build_report
 
     page = build_report(tmp_path / "run").read_text()
     assert "<th>length_class</th>" in page  # the report's samples show the column
+
+
+def test_completions_jsonl_steps_are_metrics_jsonl_steps_and_carry_each_functions_reward(tmp_path: Path) -> None:
+    """Before: completions were logged under the step count before their update (0, logging_steps, ...), one
+    logging window off metrics.jsonl's steps, with the combined reward only."""
+
+    def every_other(completions: list[str], **kwargs: Any) -> list[float | None]:
+        return [None if i % 2 else 1.0 for i in range(len(completions))]
+
+    def read(path: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    t = trainer(tmp_path / "a", reward_funcs=[frac7, every_other], max_steps=2, log_completions=True)
+    t.train()
+    rows = read(tmp_path / "a" / "run" / "completions.jsonl")
+    logged = {row["step"]: row for row in read(tmp_path / "a" / "run" / "metrics.jsonl") if "reward" in row}
+    assert sorted({row["step"] for row in rows}) == sorted(logged) == [1, 2]
+    for step, metrics in logged.items():  # logging_steps=1: each row's numbers are of its step's completions
+        at_step = [row for row in rows if row["step"] == step]
+        assert all(set(row["rewards"]) == {"frac7", "every_other"} for row in at_step)
+        for name in ("frac7", "every_other"):
+            scores = [row["rewards"][name] for row in at_step if row["rewards"][name] is not None]
+            assert metrics[f"rewards/{name}/mean"] == pytest.approx(sum(scores) / len(scores))
+        assert [row["rewards"]["every_other"] for row in at_step[:2]] == [1.0, None]
+        assert metrics["reward"] == pytest.approx(sum(row["reward"] for row in at_step) / len(at_step))
+    # logged every 2 steps of 3: the completions of steps 2 and 3 (the last step logs too), under those steps
+    trainer(tmp_path / "b", max_steps=3, logging_steps=2, log_completions=True).train()
+    rows = read(tmp_path / "b" / "run" / "completions.jsonl")
+    steps = [row["step"] for row in read(tmp_path / "b" / "run" / "metrics.jsonl") if "reward" in row]
+    assert sorted({row["step"] for row in rows}) == steps == [2, 3]
 
 
 def test_log_extra_with_the_wrong_length_is_an_error_naming_it(tmp_path: Path) -> None:

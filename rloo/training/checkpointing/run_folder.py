@@ -294,8 +294,9 @@ def check_same_batch_shape(checkpoint: Path, config: dict[str, Any]) -> None:
 
 
 def keep_completions_until(output_dir: Path, step: int) -> None:
-    """After a resume to ``step``, drop the completions logged by the abandoned later steps
-    (they are logged again as the run replays them)."""
+    """After a resume to ``step``, drop the completions logged under the abandoned later steps
+    (they are logged again as the run replays them); a row's step is the optimizer step that logged it
+    (:func:`rloo.training.cadence.completions_step`), so those up to ``step`` were trained before it."""
     path = output_dir / "completions.jsonl"
     if not path.exists():
         return
@@ -305,7 +306,7 @@ def keep_completions_until(output_dir: Path, step: int) -> None:
             row_step = json.loads(line).get("step", 0)
         except (json.JSONDecodeError, AttributeError):
             continue  # a half-written last line of the interrupted run
-        if isinstance(row_step, int | float) and row_step < step:
+        if isinstance(row_step, int | float) and row_step <= step:
             kept.append(line)
     path.write_text("".join(kept))
 

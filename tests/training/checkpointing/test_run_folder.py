@@ -46,7 +46,7 @@ def test_a_resumed_run_logs_each_steps_completions_once(tmp_path: Path) -> None:
     )
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     per_step = {step: sum(r["step"] == step for r in rows) for step in {r["step"] for r in rows}}
-    assert per_step == {0: 8, 1: 8, 2: 8, 3: 8}  # 8 completions a step, none replayed twice
+    assert per_step == {1: 8, 2: 8, 3: 8, 4: 8}  # 8 completions a step, none replayed twice
 
 
 def test_training_state_round_trips_without_pickle(tmp_path: Path) -> None:
