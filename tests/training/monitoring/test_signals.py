@@ -79,14 +79,15 @@ def test_progress_prints_plain_lines_when_output_is_not_a_terminal() -> None:
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
-    progress = TrainingProgress(console, total=3, completed=0, interval=0.0)
+    ticks = iter([0.0, 10.0, 20.0, 30.0])  # a step every 10 s
+    progress = TrainingProgress(console, total=3, completed=0, interval=0.0, clock=lambda: next(ticks))
     with progress:
         for step in (1, 2, 3):
             progress.update(step, {"reward": 0.5 * step, "kl": 0.01, "tokens_per_second": 120.0})
     lines = out.getvalue().splitlines()
     assert lines == [
-        "step 1/3 last step: reward=0.500 kl=0.0100 tok/s=120",
-        "step 2/3 last step: reward=1.000 kl=0.0100 tok/s=120",
+        "step 1/3 (0:20 left) last step: reward=0.500 kl=0.0100 tok/s=120",
+        "step 2/3 (0:10 left) last step: reward=1.000 kl=0.0100 tok/s=120",
         "step 3/3 last step: reward=1.500 kl=0.0100 tok/s=120",
     ]
     quiet = io.StringIO()
