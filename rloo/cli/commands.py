@@ -217,14 +217,26 @@ def evaluate(
         1.0, help="Report the share of completions whose combined (weighted) reward is >= this."
     ),
     batch_size: int = typer.Option(64, help="Prompts generated at once."),
-    output: Path = typer.Option(None, help="Also write the results as JSON here."),
+    output: Path = typer.Option(
+        None,
+        help="Write the results as JSON here \\[default: beside the run: RUN/eval-<model>.json for a run's final/ or "
+        "checkpoint, else the run file's folder, else runs/eval/; never overwriting an earlier one].",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (stdout) instead of the table."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
     compute_metrics: str = typer.Option(
         None, help="module:function: task metrics of each decoding's completions \\[default: the run file's]."
     ),
 ) -> None:
     """Each reward function's score of a model, greedy and sampled (pass@K), scored as in training."""
-    from rloo.cli.evaluate import describe_source, eval_inputs, evaluate_model, results_table
+    from rloo.cli.evaluate import (
+        default_output,
+        describe_source,
+        eval_inputs,
+        evaluate_model,
+        results_table,
+        write_results,
+    )
 
     with _one_line_errors():
         inputs = eval_inputs(
@@ -257,10 +269,14 @@ def evaluate(
     source = {**inputs.source.to_dict(), "training_data": inputs.on_training_data}
     result = {"model": model, "dataset": source, **result}
     title = f"{model} on {described}{' (TRAINING data)' if inputs.on_training_data else ''}"
-    console.print(results_table(result, f"{escape(title)} ({result['num_prompts']} prompts)"))
-    console.print_json(json.dumps(result))
-    if output is not None:
-        output.write_text(json.dumps(result, indent=1))
+    path = output if output is not None else default_output(model, run_file)
+    with _one_line_errors():
+        write_results(result, path)
+    if as_json:  # for a pipe: the JSON alone on stdout
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        console.print(results_table(result, f"{escape(title)} ({result['num_prompts']} prompts)"))
+    errors.print(f"results (JSON): {escape(str(path))}", highlight=False)
 
 
 def _checkpoint_path(name: str | None, output_dir: str | None) -> str | None:

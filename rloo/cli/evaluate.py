@@ -10,11 +10,15 @@ completions whose combined reward reaches ``--success-threshold``. That share is
 is, never "accuracy": with a format reward beside an accuracy reward, a model that never answers
 right can pass the threshold on format alone. A ``compute_metrics`` hook (``--compute-metrics``, or
 the run file's) adds task metrics of each decoding's completions, as training's evaluation logs them.
+
+The terminal gets a table; every number goes to a JSON file (``--output``, else :func:`default_output`:
+beside the run), whose path is said; ``--json`` prints that JSON instead of the table, for a pipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +152,36 @@ def eval_inputs(
     scorers = RewardFunctions(resolve_rewards(specs), weights)
     hook = resolve_compute_metrics(compute_metrics or (run.compute_metrics if run is not None else None))
     return EvalInputs(source.load("--column"), source, scorers, settings, on_training_data, hook)
+
+
+def default_output(model: str, run_file: str | Path | None) -> Path:
+    """Where ``rloo eval`` writes its JSON without ``--output``: in the run folder of the model evaluated (a
+    run's ``final/`` or ``checkpoint-N/``: the folder above, holding its config.yaml), else the run file's
+    folder, else ``runs/eval``; named ``eval-<model folder or hub id>.json``, ``-2``, ``-3``... when taken
+    (an earlier evaluation is never overwritten)."""
+    folder = Path(model)
+    if folder.is_dir() and (folder.resolve().parent / "config.yaml").is_file():
+        where = folder.parent
+    else:
+        where = Path(run_file).parent if run_file is not None else Path("runs/eval")
+    label = folder.resolve().name if folder.is_dir() else model.replace("/", "--")
+    candidate, n = where / f"eval-{label}.json", 1
+    while candidate.exists():
+        n += 1
+        candidate = where / f"eval-{label}-{n}.json"
+    return candidate
+
+
+def write_results(result: dict[str, Any], path: Path) -> None:
+    """The results as JSON at ``path`` (its folder created), or a ``ValueError`` naming ``--output``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+    except OSError as error:
+        raise ValueError(
+            f"--output {str(path)!r} could not be written ({type(error).__name__}: {error}); give --output a "
+            "writable file path"
+        ) from error
 
 
 def _first(*values: Any) -> Any:

@@ -115,6 +115,36 @@ def test_a_run_file_without_an_eval_set_says_its_training_data_is_evaluated(
     assert "split 'test' not found; available splits: train" in flat(other.stderr)
 
 
+def test_the_terminal_gets_a_table_and_the_json_goes_to_a_file_beside_the_run(
+    tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ~70 lines of JSON followed the table on the terminal, and --output was the only file."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(files["model"], run / "final")
+    path = write_run_file(tmp_path, files["model"], {"path": str(files["data"]), "limit": 2})
+    shutil.copy(path, run / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("eval", "--model", run / "final", "--run-file", run / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert "combined reward" in flat(result.stdout) and '"greedy"' not in result.stdout
+    assert len(result.stdout.splitlines()) < 20
+    written = run / "eval-final.json"  # in the run folder of the model evaluated
+    assert f"results (JSON): {written}" in flat(result.stderr)
+    first = json.loads(written.read_text())
+    assert first["model"] == str(run / "final") and set(first["greedy"]) >= {"combined_mean", "rewards"}
+    # --json: the same JSON on stdout, for a pipe; an earlier file is never overwritten
+    again = invoke("eval", "--model", run / "final", "--run-file", run / "config.yaml", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == json.loads((run / "eval-final-2.json").read_text()) == first
+    assert "combined reward" not in again.stdout and json.loads(written.read_text()) == first
+    # a model outside a run folder, no run file: runs/eval/ in the current folder
+    plain = invoke("eval", "--model", files["model"], "--dataset", files["data"], "--reward", ONE, "--limit", "1")
+    assert plain.exit_code == 0, plain.output
+    assert (tmp_path / "runs" / "eval" / f"eval-{files['model'].name}.json").is_file()
+
+
 def test_split_chooses_a_run_files_split_and_dataset_defaults_to_test(tmp_path: Path, files: dict[str, Path]) -> None:
     rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(5)]
     splits = {"train": datasets.Dataset.from_list(rows[:3]), "test": datasets.Dataset.from_list(rows[3:])}
