@@ -5,11 +5,13 @@ few rows to a few dozen (rows leave the batch as they finish: :mod:`rloo.generat
 ``W`` ``(V, H)`` with a vocabulary of 30k-250k. For that shape (few rows, many columns, the weight
 transposed) MKL's fp32 GEMM picks a kernel far below the memory bandwidth; given the weight as the
 left operand, ``W @ h^T`` (a tall matrix times a few columns), it streams the weight once. Measured on
-this project's 2-core CPU (AMD EPYC, MKL 2024.2, torch 2.13), a 32,000 x 512 head, median of repeats:
+this project's 2-core CPU (AMD EPYC, MKL 2024.2, torch 2.13), nothing else running, median of 41 calls:
 
-    rows              2     4     8    16    32   128   512
-    h @ W^T  (ms)    16    13    12    14    18    39   119
-    W @ h^T  (ms)   2.0   3.6   4.6   9.7    12    31   114
+    rows                        2     4     8    16    32    64   128
+    32,000 x 512  h @ W^T (ms)  16    12    11    14    19    25    41
+                  W @ h^T (ms)  1.9   3.7   4.5   11    15    23    37
+     8,192 x 512  h @ W^T (ms)  1.1   1.9   2.3   3.0   4.3   6.3   10
+                  W @ h^T (ms)  0.4   0.6   1.1   1.5   2.8   5.0   9.0
 
 A varied-length rollout spends most of its decode steps at 1-13 rows (the long tail of a few
 completions), where the head is most of a step. From a few hundred rows (prefill, the log-prob and
