@@ -32,6 +32,7 @@ from rloo.rewards.calling import CombinedRewards, RewardFunctions, as_completion
 from rloo.tools.agent import AgentSettings
 from rloo.tools.episodes import Episode, run_episodes
 from rloo.tools.rollout_func import custom_rollout
+from rloo.waiting import waiting_for
 
 
 def _id_list(value: Any, where: str) -> list[int]:
@@ -215,7 +216,7 @@ def generate_and_score(
         was_training = model.training
         model.eval()
         try:
-            with autocast():
+            with autocast(), waiting_for(f"sampling ({len(prompts)} prompts x {k} completions)"):
                 batch = sample_batch(
                     model,
                     tokenizer,

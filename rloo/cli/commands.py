@@ -73,16 +73,22 @@ _NAMED_ERRORS = {
     "NonFiniteTrainingError": 3,
     "CheckpointWriteError": 1,
     "SandboxUnavailable": 2,  # no sandbox for model-written code: the message says how to get one
+    "VLLMServerError": 1,  # the vLLM server: lost, too slow, or not speaking its protocol (the URL and the fix)
+    "ServerLost": 1,
+    "ServerTimeout": 1,
+    "MalformedAnswer": 1,
 }
 
 
 def _describe(err: Exception) -> tuple[str, int]:
-    """``(message, exit code)`` of an error the CLI reports in one line."""
+    """``(message, exit code)`` of an error the CLI reports in one line (with its notes: a run stopped
+    mid-training names its newest checkpoint and the resume command)."""
+    notes = "".join(f" {note}" for note in getattr(err, "__notes__", ()))
     if isinstance(err, ValueError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
-        return str(err), 2
+        return f"{err}{notes}", 2
     if type(err).__name__ in _NAMED_ERRORS:
-        return str(err), _NAMED_ERRORS[type(err).__name__]
-    return f"{type(err).__name__}: {err} (rloo --debug ... shows the traceback)", 1
+        return f"{err}{notes}", _NAMED_ERRORS[type(err).__name__]
+    return f"{type(err).__name__}: {err}{notes} (rloo --debug ... shows the traceback)", 1
 
 
 class _TrainCommand(TyperCommand):

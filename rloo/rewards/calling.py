@@ -36,6 +36,7 @@ from rloo.algo.advantages import combine_rewards
 from rloo.rewards.reward_log import RewardLog
 from rloo.rewards.signatures import arguments_for, check_reward_arguments
 from rloo.rewards.threads import run_async, watched, with_timeout
+from rloo.waiting import waiting_for
 
 RewardOutput = Sequence[float | None] | Tensor | np.ndarray
 RewardFunc = Callable[..., RewardOutput | Awaitable[RewardOutput]]
@@ -160,19 +161,22 @@ def compute_rewards(
     async_positions = [i for i, f in enumerate(funcs) if is_async_reward_func(f)]
     for i, func in enumerate(funcs):
         if i not in async_positions:
-            results[i] = _call_sync(func, names[i], n, arguments_for(func, kwargs), policy)
+            with waiting_for(f"reward function `{names[i]}` ({n} completions)"):
+                results[i] = _call_sync(func, names[i], n, arguments_for(func, kwargs), policy)
     async_funcs = [funcs[i] for i in async_positions]
     watch = None
     if policy.watching():
         watch = functools.partial(policy.report, n=n)
-    gathered = run_async(
-        async_funcs,
-        [arguments_for(f, kwargs) for f in async_funcs],
-        policy.timeout,
-        watch=watch,
-        names=[names[i] for i in async_positions],
-        watch_after=policy.watch_after,
-    )
+    what = ", ".join(f"`{names[i]}`" for i in async_positions)
+    with waiting_for(f"async reward functions {what} ({n} completions)"):
+        gathered = run_async(
+            async_funcs,
+            [arguments_for(f, kwargs) for f in async_funcs],
+            policy.timeout,
+            watch=watch,
+            names=[names[i] for i in async_positions],
+            watch_after=policy.watch_after,
+        )
     for i, result in zip(async_positions, gathered, strict=True):
         results[i] = _failure(names[i], n, result, policy.timeout) if isinstance(result, BaseException) else result
     columns_out, failed = [], []

@@ -77,7 +77,7 @@ from rloo.training.monitoring.logs import (
 )
 from rloo.training.monitoring.nonfinite import SKIPPED_STEP
 from rloo.training.monitoring.progress import TrainingProgress
-from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted, interrupted_message
+from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted, interrupted_message, note_resume
 from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine
 from rloo.training.passes import TrainBatch, micro_batch_rows
@@ -273,6 +273,10 @@ class RLOOTrainer(CallbackMethods):
                 steps = self.state.global_step - first_step
                 per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks.world_size
                 self._log(train_summary(self.state, time.perf_counter() - start, steps, per_step))
+        except Exception as error:  # the newest checkpoint and the resume command, on the error itself
+            cli = not getattr(self.run_config, "notes", None)
+            note_resume(error, checkpoints.latest_checkpoint(self.output_dir), self.output_dir, cli)
+            raise
         finally:
             self.trackers.finish()
             self.rollouts.close()  # a rollout worker's process

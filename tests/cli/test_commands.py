@@ -384,6 +384,33 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(
     assert isinstance(loud.exception, KeyError)  # the traceback propagates
 
 
+def test_an_error_that_stopped_a_run_keeps_its_resume_note_in_the_one_line_message(
+    tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped mid-training (a lost vLLM server, a worker that keeps dying) names its newest checkpoint and
+    the resume command (the trainer's exception note), also in the CLI's one line."""
+    import rloo.report.page as report
+    from rloo.generation.vllm.client import ServerLost
+    from rloo.training.monitoring.signals import note_resume
+
+    def stopped(run_dir: Path) -> Path:
+        error = ServerLost("vLLM server http://127.0.0.1:1/generate/ cannot be reached")
+        note_resume(error, tmp_path / "run" / "checkpoint-4", tmp_path / "run", cli=True)
+        raise error
+
+    monkeypatch.setattr(report, "build_report", stopped)
+    result = invoke("report", tmp_path)
+    message = flat(result.stderr)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert message.startswith("error: vLLM server http://127.0.0.1:1/generate/ cannot be reached The run's newest"), (
+        message
+    )
+    assert f"checkpoint is {tmp_path / 'run' / 'checkpoint-4'}" in message
+    assert f"resume with `rloo train {tmp_path / 'run' / 'config.yaml'} --resume`" in message
+    note_resume(plain := RuntimeError("x"), None, tmp_path, cli=True)  # no checkpoint yet: nothing to offer
+    assert not getattr(plain, "__notes__", None)
+
+
 def test_user_mistakes_in_a_run_file_are_one_line(tmp_path: Path, files: dict[str, Path]) -> None:
     path = run_file(tmp_path, files)
     limit = invoke("train", path, "dataset.limit=abc")

@@ -43,7 +43,8 @@ class VLLMFields:
     vllm_server_port: int = option(8000, "The server's port when vllm_server_base_url is None.", trl="vllm_server_port")
     vllm_server_timeout: float = option(
         240.0,
-        "Seconds, > 0, to wait for the server to answer at the start (it may still be loading).",
+        "Seconds, > 0, to wait for the server to answer at the start (it may still be loading) or after it "
+        "went away mid-run (then the weights are sent again), and the most one request may take.",
         trl="vllm_server_timeout",
     )
     vllm_group_port: int = option(

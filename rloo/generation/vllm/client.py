@@ -8,18 +8,22 @@ to do (start it, wait longer, check its log), never only a socket error.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
+
+from rloo.waiting import waiting_for
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,26 @@ class Generated:
 
     completion_ids: list[list[int]]
     logprobs: list[list[float]]
+
+
+class VLLMServerError(RuntimeError):
+    """The server failed a request; the message names its URL, the cause and what to do."""
+
+
+class ServerLost(VLLMServerError, ConnectionError):
+    """Nothing answers at the server's address, or it closed the connection mid-answer (killed, restarting);
+    ``unresolvable``: the host name does not resolve (waiting would not help)."""
+
+    unresolvable = False
+
+
+class ServerTimeout(VLLMServerError, TimeoutError):
+    """The server did not answer within the client's timeout (``vllm_server_timeout``)."""
+
+
+class MalformedAnswer(VLLMServerError):
+    """The server answered with something that is not the protocol's answer (not JSON, missing or
+    inconsistent fields): another program on the port, another version, or a truncated answer."""
 
 
 def generate_request(
@@ -43,51 +67,154 @@ def generate_request(
     return request
 
 
-def generated(answer: dict[str, Any]) -> Generated:
-    """A ``/generate/`` answer's completions and their tokens' log-probs."""
-    return Generated(answer["completion_ids"], [[float(step[0]) for step in row] for row in answer["logprobs"]])
+def generated(answer: Any, rows: int, url: str = "the vLLM server") -> Generated:
+    """A ``/generate/`` answer's completions and their tokens' log-probs, checked: ``rows`` completions
+    (prompts x n) of integer token ids, each with a log-prob per token; else :class:`MalformedAnswer`."""
+
+    def malformed(problem: str) -> MalformedAnswer:
+        return MalformedAnswer(
+            f"{url} answered /generate/ with {problem}: not the answer of `rloo vllm-serve` (or `trl vllm-serve`) for "
+            "this request; check that the server at that address is one, of a matching version, and read its log"
+        )
+
+    if not isinstance(answer, dict) or not {"completion_ids", "logprobs"} <= set(answer):
+        keys = sorted(answer) if isinstance(answer, dict) else type(answer).__name__
+        raise malformed(f"{keys} (no completion_ids and logprobs)")
+    ids, logprobs = answer["completion_ids"], answer["logprobs"]
+    if not isinstance(ids, list) or not isinstance(logprobs, list) or not len(ids) == len(logprobs) == rows:
+        counts = [len(x) if isinstance(x, list) else type(x).__name__ for x in (ids, logprobs)]
+        raise malformed(f"{counts[0]} completions and {counts[1]} rows of log-probs for {rows} requested")
+    try:
+        values = [[float(step[0]) for step in row] for row in logprobs]
+        tokens = [[_token_id(token) for token in row] for row in ids]
+    except (TypeError, ValueError, IndexError, KeyError) as error:
+        raise malformed(f"a value that is not a token id or a log-prob ({error})") from None
+    short = next((i for i, (t, v) in enumerate(zip(tokens, values, strict=True)) if len(v) < len(t)), None)
+    if short is not None:
+        raise malformed(f"{len(values[short])} log-probs for the {len(tokens[short])} tokens of completion {short}")
+    return Generated(tokens, values)
+
+
+def _token_id(token: Any) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ValueError(f"{token!r}")
+    return token
+
+
+def _send(request: urllib.request.Request, url: str, timeout: float, advice: bool = True) -> bytes:
+    """The body of the answer to ``request``; the failures as :class:`VLLMServerError` naming ``url`` and the fix."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")[:500]
+        raise VLLMServerError(f"vLLM server {url} answered {error.code}: {detail}") from None
+    except urllib.error.URLError as error:  # before an answer: refused, unresolvable, a connect that timed out
+        reason = error.reason
+        if isinstance(reason, TimeoutError):
+            raise _timeout(url, timeout, advice) from None
+        lost = ServerLost(
+            f"vLLM server {url} cannot be reached ({reason}): start it with `rloo vllm-serve --model MODEL` "
+            "and check vllm_server_base_url (or vllm_server_host / vllm_server_port)"
+        )
+        lost.unresolvable = isinstance(reason, socket.gaierror)
+        raise lost from None
+    except TimeoutError:  # the answer did not come in time
+        raise _timeout(url, timeout, advice) from None
+    except (ConnectionError, http.client.HTTPException) as error:  # reset, or closed before the whole answer
+        raise ServerLost(
+            f"vLLM server {url} closed the connection before its whole answer ({type(error).__name__}: {error}): "
+            "it stopped or restarted; check its log"
+        ) from None
+
+
+def _timeout(url: str, timeout: float, advice: bool) -> ServerTimeout:
+    """``advice``: the timeout is ``vllm_server_timeout`` (a request's), not one try's of a wait."""
+    said = f"vLLM server {url} did not answer within {timeout:.3g} s"
+    if not advice:
+        return ServerTimeout(said)
+    return ServerTimeout(
+        f"{said} (vllm_server_timeout): a slow server (a large batch, long completions, a busy GPU) needs a larger "
+        "vllm_server_timeout; a hung one a restart (check its log)"
+    )
+
+
+HEALTH_ATTEMPT_TIMEOUT = 5.0  # seconds one /health/ try may take: a host that drops packets is retried, not waited on
 
 
 class VLLMClient:
-    """A client of one server at ``base_url`` (``http://host:port``)."""
+    """A client of one server at ``base_url`` (``http://host:port``); ``timeout``: seconds a request may take.
+
+    Failures are typed (:class:`ServerLost`, :class:`ServerTimeout`, :class:`MalformedAnswer`) so the sampler
+    can tell a server that went away (wait for it, send the weights again) from one that is slow or speaks
+    another protocol (stop, saying which). Each request is marked as a wait (:mod:`rloo.waiting`): a long one
+    shows on the progress line."""
 
     def __init__(self, base_url: str, timeout: float = 240.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
 
-    def _request(self, path: str, body: bytes | None = None, content_type: str = "application/json") -> Any:
+    def _request(
+        self,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:
         url = f"{self.base_url}{path}"
+        advice = timeout is None  # the request's own timeout: name the setting
+        timeout = self.timeout if timeout is None else timeout
         request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
         if body is not None:
             request.add_header("Content-Type", content_type)
+        with waiting_for(f"the vLLM server at {self.base_url} ({path})"):
+            raw = _send(request, url, timeout, advice)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:500]
-            raise RuntimeError(f"vLLM server {url} answered {error.code}: {detail}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
-            reason = getattr(error, "reason", error)
-            raise ConnectionError(
-                f"vLLM server {url} cannot be reached ({reason}): start it with `rloo vllm-serve --model MODEL` "
-                "and check vllm_server_base_url (or vllm_server_host / vllm_server_port)"
+            return json.loads(raw)
+        except ValueError:
+            raise MalformedAnswer(
+                f"vLLM server {url} answered {len(raw)} bytes that are not JSON ({raw[:120]!r}...): a truncated "
+                "answer, or not an `rloo vllm-serve` / `trl vllm-serve` server at that address; check the server's log"
             ) from None
 
-    def check_server(self, total_timeout: float = 240.0, interval: float = 1.0) -> None:
+    def instance(self) -> str | None:
+        """The server's start-up id (``rloo vllm-serve``'s ``/health/`` says it; None from a server that does
+        not): another id than before means it restarted, with the model's weights as loaded from disk."""
+        answer = self._request("/health/", timeout=HEALTH_ATTEMPT_TIMEOUT)
+        return answer.get("instance") if isinstance(answer, dict) else None
+
+    def check_server(
+        self, total_timeout: float = 240.0, interval: float = 1.0, notify: Callable[[str], None] | None = None
+    ) -> None:
         """Wait until the server answers ``/health/``, at most ``total_timeout`` seconds (TRL's
-        ``vllm_server_timeout``)."""
+        ``vllm_server_timeout``), each try at most :data:`HEALTH_ATTEMPT_TIMEOUT` s. ``notify``: told once, at
+        the first failed try, what the run waits for and how long (a server may still be loading its model).
+        A host name that does not resolve fails at once: waiting would not change it."""
         deadline = time.monotonic() + total_timeout
-        while True:
-            try:
-                self._request("/health/")
-                return
-            except ConnectionError:
-                if time.monotonic() >= deadline:
-                    raise ConnectionError(
-                        f"no vLLM server answered at {self.base_url} within {total_timeout:g} s: start one with "
-                        "`rloo vllm-serve --model MODEL` (it prints 'ready' when it is), or raise vllm_server_timeout"
-                    ) from None
-                time.sleep(interval)
+        told = False
+        with waiting_for(f"the vLLM server at {self.base_url} to answer"):
+            while True:
+                try:
+                    left = max(0.1, min(HEALTH_ATTEMPT_TIMEOUT, deadline - time.monotonic()))
+                    self._request("/health/", timeout=left)
+                    return
+                except (ServerLost, ServerTimeout) as error:
+                    if isinstance(error, ServerLost) and error.unresolvable:
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise ServerLost(
+                            f"no vLLM server answered at {self.base_url} within {total_timeout:g} s "
+                            f"(vllm_server_timeout; the last try: {error}): start one with `rloo vllm-serve --model "
+                            "MODEL` (it prints 'ready' when it is), or raise vllm_server_timeout"
+                        ) from None
+                    if notify is not None and not told:
+                        told = True
+                        notify(
+                            f"no vLLM server answers at {self.base_url} yet ({error}); waiting up to "
+                            f"{total_timeout:g} s (vllm_server_timeout) for one: start it with `rloo vllm-serve "
+                            "--model MODEL`, or check vllm_server_base_url (or vllm_server_host / vllm_server_port)"
+                        )
+                    time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
     def generate(
         self,
@@ -116,7 +243,8 @@ class VLLMClient:
             seeds=seeds,
             generation_kwargs=generation_kwargs,
         )
-        return generated(self._request("/generate/", json.dumps(request).encode()))
+        answer = self._request("/generate/", json.dumps(request).encode())
+        return generated(answer, len(prompt_ids) * n, f"vLLM server {self.base_url}")
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
         """Send named tensors (vLLM's names: a causal LM's ``state_dict`` names); the count the server loaded."""

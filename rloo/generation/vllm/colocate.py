@@ -69,8 +69,12 @@ class LocalEngine:
         if self.sleeps:  # asleep until the first call wakes it
             self.llm.sleep(level=1)
 
-    def check_server(self, total_timeout: float = 0.0, interval: float = 1.0) -> None:
+    def check_server(self, total_timeout: float = 0.0, interval: float = 1.0, notify: Any = None) -> None:
         """Nothing to wait for: the engine is in this process."""
+
+    def instance(self) -> str | None:
+        """Never restarted: the engine lives as long as this process."""
+        return None
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None, **settings: Any
@@ -79,7 +83,8 @@ class LocalEngine:
         from rloo.generation.vllm.server import generate
 
         with self.awake():
-            return generated(generate(self.llm, generate_request(prompt_ids, seeds, **settings)))
+            answer = generate(self.llm, generate_request(prompt_ids, seeds, **settings))
+            return generated(answer, len(prompt_ids) * int(settings.get("n", 1)), "the colocated vLLM engine")
 
     def update_weights(self, named: Iterable[tuple[str, Tensor]]) -> int:
         from rloo.generation.vllm.server import load_weights

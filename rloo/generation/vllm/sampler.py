@@ -7,6 +7,13 @@ taken an optimizer step since the last send (as TRL syncs: when it generates), t
 (:mod:`rloo.generation.sync_check`): the server greedily continues a fixed probe prompt and rloo's own forward
 scores those tokens; a gap beyond :data:`PROBE_TOLERANCE` stops the run with a message.
 
+Faults (issue 42; tests/generation/test_vllm_faults.py): a server that goes away mid-batch (killed, restarted, an
+answer cut short) is waited for up to ``vllm_server_timeout``, sent the weights again and probed, and the batch
+asked again, at most :data:`RECONNECTS` times a batch and only where one training process uses the server (several
+would each have to agree when to resend: they stop, naming the newest checkpoint). A server restarted between two
+calls of one step answers ``/health/`` with another start-up id and is sent the weights again. A server slower than
+``vllm_server_timeout`` or answering something malformed stops the run, naming the setting or what was wrong.
+
 Randomness: with ``sampling_seed`` each prompt gets its own vLLM seed, derived from the seed and its group
 id, so a run samples the same completions wherever the server is (and however the prompts are batched);
 vLLM gives a request's n samples the seeds ``seed .. seed + n - 1``, so the groups' seeds are ``n`` apart.
@@ -21,6 +28,8 @@ mismatch (:mod:`rloo.algo.importance`) and measure the gap.
 from __future__ import annotations
 
 import functools
+import itertools
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +44,7 @@ from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, SamplingEngine, left_pad
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.sync_check import ProbeTolerance, check_weight_sync, probe_logprobs
-from rloo.generation.vllm.client import VLLMClient
+from rloo.generation.vllm.client import ServerLost, VLLMClient
 
 # the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats): another
 # engine's kernels, in float32; in bf16/fp16 (autocast or half weights) rounding alone reaches ~0.016 on an
@@ -48,6 +57,7 @@ _REFUSAL = (
     "for a float32 run); training stopped so as not to learn from another policy's samples"
 )
 PROBE_TOKENS = 4
+RECONNECTS = 3  # times one batch waits for a lost server to come back (then the run stops, to be resumed)
 _SEED_STRIDE = 1_000_003  # a prime: sampling seeds of different runs stay apart
 
 
@@ -95,12 +105,14 @@ class VLLMSampler(SamplingEngine):
         self.synced_step: int | None = None
         self.probe: list[int] | None = None
         self.last_gap: float | None = None
+        self.instance: str | None = None  # the server's start-up id when the weights were last sent
 
     def sync(self, model: nn.Module, step: int) -> None:
-        """Send ``model``'s weights unless they were sent at this ``step``, then check them on the probe.
+        """Send ``model``'s weights unless they were sent at this ``step`` (to this server: one process alone
+        asks its start-up id, so a server restarted since is sent them again), then check them on the probe.
         Several data-parallel processes share the server: the first sends and checks, and none samples
         before it has (a collective: every process calls this at each generation batch)."""
-        if self._sent_model() is model and self.synced_step == step:
+        if self._sent_model() is model and self.synced_step == step and not self._restarted():
             return
         if any(type(p).__name__ == "DTensor" for p in model.parameters()):
             raise NotImplementedError(
@@ -112,6 +124,7 @@ class VLLMSampler(SamplingEngine):
         failure: str | None = None
         if not self.shared or not distributed or torch.distributed.get_rank() == 0:
             try:
+                self.instance = self.client.instance()  # asked first: a restart after it shows at the next call
                 self.client.update_weights(vllm_state_dict(model).items())
                 if self.probe is not None:
                     self.check(model)
@@ -125,6 +138,35 @@ class VLLMSampler(SamplingEngine):
             if box[0] is not None:
                 raise RuntimeError(box[0])
         self._sent_model, self.synced_step = weakref.ref(model), step
+
+    def _alone(self) -> bool:
+        """The only process using the server (no collective to keep in step): it may ask, wait and resend."""
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return self.shared and (not distributed or torch.distributed.get_world_size() == 1)
+
+    def _restarted(self) -> bool:
+        """The server answers with another start-up id than when the weights were sent (one process alone)."""
+        return self._alone() and self.instance is not None and self.client.instance() != self.instance
+
+    def _reconnect(self, lost: ServerLost, attempt: int, step: int, warn: Callable[[str], None]) -> None:
+        """After a request found the server gone: wait for it (``vllm_server_timeout``), and have the weights
+        sent and checked again before the batch is asked again; at most :data:`RECONNECTS` times a batch, and
+        only where one process uses the server (several would each have to agree when to resend)."""
+        stopped = f"the run stopped at step {step}; once the server is back, resume from the newest checkpoint"
+        if not self._alone():
+            raise ServerLost(f"{lost}. With several training processes on one server {stopped}") from None
+        if attempt > RECONNECTS:
+            raise ServerLost(f"{lost}, again after {RECONNECTS} reconnects in this batch: {stopped}") from None
+        warn(
+            f"{lost}. Waiting up to {self.timeout:g} s (vllm_server_timeout) for it to answer again, then sending "
+            f"the policy's weights again and checking them before sampling step {step} again (reconnect {attempt} "
+            f"of {RECONNECTS})"
+        )
+        try:
+            self.client.check_server(self.timeout)
+        except ServerLost as gone:
+            raise ServerLost(f"{gone}. {stopped[0].upper()}{stopped[1:]}") from None
+        self.synced_step = None  # a restarted server holds the weights it loaded from disk
 
     @torch.no_grad()
     def check(self, model: nn.Module) -> float:
@@ -168,13 +210,12 @@ class VLLMSampler(SamplingEngine):
         if vision is not None:
             raise NotImplementedError("image prompts with use_vllm are not built yet: train them without vLLM")
         if not self.ready:
-            self.client.check_server(self.timeout)
+            self.client.check_server(self.timeout, notify=_warn)
             if hasattr(self.client, "start"):
                 self.client.start(model)  # an engine in this process, built for this policy
             self.ready = True
         if self.probe is None:
             self.probe = list(prompt_ids[0])[-32:]
-        self.sync(model, step)
         k = num_generations
         seeds = None
         if sampling_seed is not None:
@@ -182,18 +223,26 @@ class VLLMSampler(SamplingEngine):
         elif generator is not None:
             seeds = torch.randint(0, 2**31 - k, (len(prompt_ids),), generator=generator).tolist()
         greedy = params.temperature == 0
-        answer = self.client.generate(
-            prompt_ids,
-            n=k,
-            max_tokens=max_new_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k else -1,
-            min_p=params.min_p or 0.0,
-            repetition_penalty=params.repetition_penalty,
-            seeds=None if greedy else seeds,
-            generation_kwargs=engine_stops(eos_token_ids, stop),
-        )
+        for attempt in itertools.count(1):
+            try:
+                self.sync(model, step)
+                answer = self.client.generate(
+                    prompt_ids,
+                    n=k,
+                    max_tokens=max_new_tokens,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k if params.top_k else -1,
+                    min_p=params.min_p or 0.0,
+                    repetition_penalty=params.repetition_penalty,
+                    seeds=None if greedy else seeds,
+                    generation_kwargs=engine_stops(eos_token_ids, stop),
+                )
+                break
+            except ServerLost as lost:
+                if lost.unresolvable:
+                    raise
+                self._reconnect(lost, attempt, step, _warn)
         return rollout_from(
             answer.completion_ids,
             answer.logprobs,
@@ -207,6 +256,10 @@ class VLLMSampler(SamplingEngine):
             keep_logprobs=params.plain,
             stop=stop,
         )
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
 
 
 def engine_stops(eos_token_ids: Sequence[int], stop: Any) -> dict[str, Any]:

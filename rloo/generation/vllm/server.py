@@ -1,6 +1,7 @@
 """``rloo vllm-serve``: a vLLM engine behind HTTP, for a trainer's rollouts (issue 26).
 
-It speaks ``trl vllm-serve``'s protocol where TRL has one (``/health/``, ``/get_world_size/``,
+It speaks ``trl vllm-serve``'s protocol where TRL has one (``/health/``, which also answers the server's
+start-up id, so a trainer notices a restart and sends its weights again; ``/get_world_size/``,
 ``/generate/`` with TRL's request and response fields, ``/reset_prefix_cache/``), so a client written
 for either server reads the other's answers; weights move by an endpoint of ours, ``/update_weights/``,
 whose body is a safetensors file of named tensors (the trainer's names, or an adapter's merged
@@ -24,6 +25,7 @@ import argparse
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -164,10 +166,11 @@ def build_app(llm: Any, world_size: int) -> Any:
 
     app = FastAPI()
     lock = threading.Lock()  # one engine call at a time (handlers run in a thread pool)
+    instance = uuid.uuid4().hex  # a restarted server has the weights on disk: the trainer sends its own again
 
     @app.get("/health/")
     def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "instance": instance}
 
     @app.get("/get_world_size/")
     def get_world_size() -> dict[str, int]:

@@ -36,6 +36,16 @@ def interrupted_message(step: int, checkpoint: Path, output_dir: Path, cli: bool
     return f"interrupted at step {step}: checkpoint saved to {escape(str(checkpoint))}. Resume with {how}."
 
 
+def note_resume(error: BaseException, checkpoint: Path | None, output_dir: Path, cli: bool) -> None:
+    """Add to an ``error`` that stopped a run in mid-training (a lost vLLM server, a worker that keeps dying)
+    its newest ``checkpoint`` and how to resume once the cause is fixed (an exception note: tracebacks and
+    ``rloo train``'s one-line error show it); nothing when no checkpoint was written yet."""
+    if checkpoint is None:
+        return
+    how = f"`rloo train {output_dir / 'config.yaml'} --resume`" if cli else "trainer.train(resume_from_checkpoint=True)"
+    error.add_note(f"The run's newest checkpoint is {checkpoint}: once the cause is fixed, resume with {how}.")
+
+
 _exiting = {"quiet": False}
 
 
