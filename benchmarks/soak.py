@@ -11,7 +11,10 @@ exceeds its mean over the tenth after the warm-up (the first fifth) by more than
 compared per step: the logs (what must stay flat is how much each step adds) and a checkpoint's
 ``trainer_state.json``, which holds every row logged so far (transformers' format; a resume rewrites
 ``metrics.jsonl`` from it), so its bytes per step covered; the rest of a checkpoint must keep its size. Step
-times are wall-clock: run it on otherwise idle cores. The numbers go to BENCHMARKS.md; ``tests/test_soak.py``
+times are wall-clock: run it on otherwise idle cores. Every logged row stays in memory
+(``trainer.state.log_history``, as in transformers' Trainer) and in each checkpoint's ``trainer_state.json``, so
+with ``--logging-steps 1`` memory and the checkpoints' writing grow with the run: that run shows by how much.
+The numbers go to BENCHMARKS.md; ``tests/test_soak.py``
 runs a short version.
 """
 
@@ -137,9 +140,12 @@ def growth(samples: list[Sample], key: str) -> float:
     return statistics.fmean(late) / base - 1 if base else float(statistics.fmean(late) > 0)
 
 
-def soak(output_dir: Path, steps: int, every: int = 25, worker: bool = False, seed: int = 0) -> list[Sample]:
+def soak(
+    output_dir: Path, steps: int, every: int = 25, worker: bool = False, seed: int = 0, logging_steps: int = 10
+) -> list[Sample]:
     """Train a tiny model for ``steps`` steps (``worker``: sampled by a rollout worker, ``max_staleness=1``),
-    checkpointing every 10 steps with ``save_total_limit=2``; the samples."""
+    checkpointing every 10 steps with ``save_total_limit=2``, logging every ``logging_steps`` (10: rloo's and
+    TRL's default); the samples."""
     from rloo import RLOOConfig, RLOOTrainer
     from rloo.tiny import build_char_tokenizer, save_tiny_model
 
@@ -152,7 +158,7 @@ def soak(output_dir: Path, steps: int, every: int = 25, worker: bool = False, se
         max_completion_length=4,
         learning_rate=1e-3,
         max_steps=steps,
-        logging_steps=1,
+        logging_steps=logging_steps,
         save_steps=10,
         save_total_limit=2,
         report_to=[],
@@ -200,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--worker-steps", type=int, default=3000, help="a second run with a rollout worker (0: none)")
     parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--logging-steps", type=int, default=10, help="10: the default; 1 logs (and keeps) every step")
     parser.add_argument("--out", type=Path, default=Path("runs/soak"))
     parser.add_argument("--json", type=Path, default=None, help="write the samples and the summary here")
     args = parser.parse_args(argv)
@@ -212,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         if folder.exists():
             sys.exit(f"{folder} exists: remove it or give another --out")
         start = time.perf_counter()
-        samples = soak(folder, steps, args.every, worker)
+        samples = soak(folder, steps, args.every, worker, logging_steps=args.logging_steps)
         result = summary(samples)
         result["seconds"] = time.perf_counter() - start
+        result["logging_steps"] = args.logging_steps
         results[name] = {"summary": result, "samples": [asdict(s) for s in samples]}
         print(table(name, result), flush=True)
     if args.json is not None:

@@ -174,6 +174,18 @@ def restore_training_state(
         part.restore(state.get(key) or {})
 
 
+def state_json(trainer_state: dict[str, Any]) -> str:
+    """``trainer_state.json``'s text: transformers' fields, ``log_history`` a row a line. Every logged row is
+    in it (a resume rewrites ``metrics.jsonl`` from it), so it grows with the run; each row goes through
+    json's C encoder (an indented dump runs the pure-Python one: 0.9 s against 0.2 s at 10,000 rows)."""
+    head = {key: value for key, value in trainer_state.items() if key != "log_history"}
+    rows = ",\n".join(json.dumps(row) for row in trainer_state.get("log_history", []))
+    fields = json.dumps(head, indent=1)
+    if "log_history" not in trainer_state:
+        return fields
+    return f'{fields[:-2]},\n "log_history": [\n{rows}\n ]\n}}' if head else f'{{"log_history": [\n{rows}\n]}}'
+
+
 def save_checkpoint(
     output_dir: Path,
     step: int,
@@ -206,7 +218,7 @@ def save_checkpoint(
         save_pretrained_quietly(tokenizer, tmp)
         save_state(training_state, tmp, TRAINING_STATE)
         (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+        (tmp / STATE_FILE).write_text(state_json(trainer_state))
         write_manifest(tmp)
         old = output_dir / f"old-checkpoint-{step}"
         if final.exists():

@@ -48,3 +48,21 @@ def test_tensors_sharing_memory_are_saved_each_on_its_own(tmp_path: Path) -> Non
     loaded = load_state(tmp_path, "training_state")
     assert torch.equal(loaded["state"][0]["qmap1"], qmap) and torch.equal(loaded["state"][1]["qmap1"], qmap)
     assert torch.equal(loaded["state"][0]["half"], qmap[:128]) and loaded["empty"][1].numel() == 0
+
+
+def test_trainer_state_json_is_transformers_fields_with_a_logged_row_a_line() -> None:
+    """The same JSON as an indented dump (a resume reads it back), written row by row with json's C encoder."""
+    import json
+
+    from rloo.training.checkpointing.checkpoints import state_json
+
+    rows = [{"step": float(i), "reward": i / 3, "kl": None if i == 2 else 0.5} for i in range(1, 4)]
+    state = {"global_step": 3, "best_metric": None, "log_history": rows}
+    text = state_json(state)
+    assert json.loads(text) == state
+    lines = text.splitlines()
+    assert lines[lines.index(' "log_history": [') + 1 :][:3] == [json.dumps(row) + "," for row in rows[:2]] + [
+        json.dumps(rows[2])
+    ]
+    for small in ({}, {"log_history": []}, {"global_step": 0, "log_history": []}, {"global_step": 0}):
+        assert json.loads(state_json(small)) == small
