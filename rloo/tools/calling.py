@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rloo.rewards.threads import in_thread
+from rloo.waiting import waiting_for
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def run_tool_calls(
         running.start()
     deadline = None if timeout is None else time.monotonic() + timeout
     for j, c, running in pending:
-        answers[j][c] = running.answer(deadline, timeout)
+        with waiting_for(f"tool `{running.name}` ({len(pending)} calls running)"):
+            answers[j][c] = running.answer(deadline, timeout)
     return [[answer for answer in row if answer is not None] for row in answers]
 
 

@@ -44,6 +44,7 @@ from rloo.training.parallel import rollout_worker as worker_process
 from rloo.training.parallel.weight_sync import Layout, flatten, host_store
 from rloo.training.rollouts.source import PipelinedRollouts
 from rloo.training.rollouts.versions import sampling_version, trainable_weights, version_allowed
+from rloo.waiting import waiting_for
 
 # a run replaces rollout workers that died at most this many times (then it stops, to resume from a checkpoint)
 MAX_WORKER_RESTARTS = 3
@@ -180,7 +181,8 @@ class WorkerRollouts(PipelinedRollouts):
         """Worker ``index``'s answer for ``step``, replacing it if it died (:data:`MAX_WORKER_RESTARTS`)."""
         while True:
             try:
-                answer: tuple[int, Any, Any] = self.workers[index].receive(step)
+                with waiting_for(f"rollout worker {index} (the batch of step {step})"):
+                    answer: tuple[int, Any, Any] = self.workers[index].receive(step)
                 return answer
             except worker_process.WorkerDied as died:
                 if self.restarts >= MAX_WORKER_RESTARTS:
