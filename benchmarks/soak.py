@@ -6,8 +6,8 @@
 Each sample reads, from the training process: its resident memory (and its rollout worker's), open file
 descriptors, OS threads, child processes, the mean step time since the last sample, the bytes of the run folder
 outside the checkpoints (the logs: metrics.jsonl, completions.jsonl, ...) and the checkpoints (their count and
-bytes; ``save_total_limit=2`` rotates them). A quantity drifts when its mean over the last tenth of the run
-exceeds its mean over the tenth after the warm-up (the first fifth) by more than 5%. Two grow by design and are
+bytes; ``save_total_limit=2`` rotates them). A quantity drifts when its median over the last tenth of the run
+exceeds its median over the tenth after the warm-up (the first fifth) by more than 5%. Two grow by design and are
 compared per step: the logs (what must stay flat is how much each step adds) and a checkpoint's
 ``trainer_state.json``, which holds every row logged so far (transformers' format; a resume rewrites
 ``metrics.jsonl`` from it), so its bytes per step covered; the rest of a checkpoint must keep its size. Step
@@ -129,15 +129,16 @@ def _rss(process: psutil.Process) -> int:
 
 
 def growth(samples: list[Sample], key: str) -> float:
-    """The mean of ``key`` over the last tenth of ``samples`` over its mean over the tenth after the warm-up
-    (the first fifth), minus 1 (0.03: 3% higher at the end)."""
+    """The median of ``key`` over the last tenth of ``samples`` over its median over the tenth after the warm-up
+    (the first fifth), minus 1 (0.03: 3% higher at the end). Medians: a step time is wall-clock, and a burst of
+    other work on the machine should not read as drift."""
     n = len(samples)
     tenth = max(1, n // 10)
     warm = n // 5
     early = [getattr(s, key) for s in samples[warm : warm + tenth]]
     late = [getattr(s, key) for s in samples[-tenth:]]
-    base = statistics.fmean(early)
-    return statistics.fmean(late) / base - 1 if base else float(statistics.fmean(late) > 0)
+    base = statistics.median(early)
+    return statistics.median(late) / base - 1 if base else float(statistics.median(late) > 0)
 
 
 def soak(

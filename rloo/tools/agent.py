@@ -102,7 +102,7 @@ class AgentSettings:
             for i, prompt in enumerate(prompts)
         ]
         instances = self.environments.draw(rows, k)
-        observations = self.environments.reset(instances, rows, k)
+        observations = self.environments.reset(instances, rows, k, self.limits.timeout)
         episode_prompts = [with_observation(prompts[i // k], seen) for i, seen in enumerate(observations)]
         toolboxes = [Toolbox([*self.tools, *environment_tools(instance)]) for instance in instances]
         return EpisodeInputs(episode_prompts, toolboxes, instances)

@@ -15,9 +15,13 @@ reset for each batch ("construct once, reset often"), more built only when a bat
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from rloo.rewards.threads import with_timeout
+from rloo.waiting import waiting_for
 
 RESERVED = ("reset", "get_reward")
 
@@ -86,21 +90,48 @@ class Environments:
                 instances.append(pool[at])
         return instances
 
-    def reset(self, instances: Sequence[Any], rows: Sequence[Mapping[str, Any]], k: int) -> list[Any]:
+    def reset(
+        self, instances: Sequence[Any], rows: Sequence[Mapping[str, Any]], k: int, timeout: float | None = None
+    ) -> list[Any]:
         """``reset(**row)`` of each episode's instance (without ``environment`` with a dict of factories): the
-        observations, None or text, one per episode."""
+        observations, None or text, one per episode. Each within ``timeout`` seconds (``tool_timeout``; None: no
+        limit, the progress line names a long one); one that raises or runs past it stops the run, naming the
+        class, the batch's row and the error (a broken environment would train on nothing it meant)."""
         observations = []
         for i, instance in enumerate(instances):
             row = dict(rows[i // k])
             if self.multi:
                 row.pop("environment", None)
-            observations.append(instance.reset(**row))
+            name, where = type(instance).__name__, f"row {i // k} of the batch (prompt {_short(row.get('prompt'))})"
+            try:
+                with waiting_for(f"environment {name}.reset ({where})"):
+                    observations.append(_call(functools.partial(instance.reset, **row), timeout))
+            except TimeoutError:
+                raise RuntimeError(
+                    f"environment {name}.reset did not return within tool_timeout={timeout} s for {where}: fix it, "
+                    "or raise tool_timeout (it bounds each tool call and each reset)"
+                ) from None
+            except Exception as error:
+                raise RuntimeError(
+                    f"environment {name}.reset failed for {where}: {type(error).__name__}: {error}; fix the "
+                    "environment (reset(**row) gets the row's columns and returns None or text for the prompt)"
+                ) from error
         return observations
 
     def rewards(self) -> list[Callable[..., list[float | None]]]:
         """A reward function per environment class with ``get_reward``: that method for its episodes, None
         (does not apply) for others'; named after the class."""
         return [_environment_reward(cls) for cls in self.reward_classes]
+
+
+def _call(call: Callable[[], Any], timeout: float | None) -> Any:
+    """``call()``, in a daemon thread within ``timeout`` seconds when there is one (a hung one keeps its thread)."""
+    return call() if timeout is None else with_timeout(call, timeout)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _environment_reward(cls: type) -> Callable[..., Any]:

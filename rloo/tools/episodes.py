@@ -12,7 +12,9 @@ with EOS and holds tool calls gets them answered (all episodes' calls at once,
 each from its own prompt + episode so far. An episode ends at a turn without calls, at
 ``max_tool_calling_iterations`` rounds of calls, or when ``max_completion_length`` (the whole episode after
 the prompt) is reached: a turn cut by it, or tool answers that would leave no room for the model's next
-token (those answers are dropped, as TRL drops them), marks the episode truncated.
+token (those answers are dropped, as TRL drops them), marks the episode truncated. Answers longer than
+:data:`MAX_CHARS_PER_TOKEN` characters per token of room are dropped so without being tokenized (megabytes
+from a tool cost nothing).
 
 Randomness: with ``sampling_seed``, the continuation of episode ``j`` of group ``g`` in round ``r`` samples
 from the stream of group ``g * K + j`` under the seed ``sampling_seed + r * 7919``: a run samples the same
@@ -34,6 +36,10 @@ from rloo.tools.calling import Toolbox, run_tool_calls
 from rloo.tools.parsing import parse_turn, tool_suffix_ids
 
 _ROUND_SEED_STRIDE = 7919
+# the most characters a token of any tokenizer spans (whitespace and "=====" runs reach ~100): tool answers longer
+# than this many characters per token of room cannot fit, so they are dropped untokenized (a 5 MB answer took 6 s
+# to render and tokenize, only to be dropped)
+MAX_CHARS_PER_TOKEN = 256
 
 
 @dataclass
@@ -137,8 +143,10 @@ def run_episodes(
             episode.tool_calls += len(answered)
             episode.tool_failures += sum(answer.failed for answer in answered)
             messages = [answer.message for answer in answered]
-            suffix = tool_suffix_ids(tokenizer, messages, chat_template_kwargs, eos)
-            if len(rows[i].tokens) + len(suffix) >= limits.max_tokens:  # no room left for a model token
+            room = limits.max_tokens - len(rows[i].tokens)
+            oversized = sum(len(str(m.get("content") or "")) for m in messages) > MAX_CHARS_PER_TOKEN * room
+            suffix = [] if oversized else tool_suffix_ids(tokenizer, messages, chat_template_kwargs, eos)
+            if oversized or len(suffix) >= room:  # no room left for a model token
                 rows[i].truncated, episode.cut = True, "max_completion_length"
                 continue
             episode.messages += messages

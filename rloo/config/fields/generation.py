@@ -87,7 +87,7 @@ class GenerationFields:
     tool_timeout: float | None = option(
         60.0,
         "With tools: seconds a tool call may run, > 0; a call past it is answered with an error message (and "
-        "counted as failed). None = no limit.",
+        "counted as failed). It bounds an environment's reset too (past it the run stops). None = no limit.",
         trl=None,
     )
     generation_batch_size: int | None = option(

@@ -38,6 +38,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -61,6 +62,45 @@ PROBE_TOLERANCE = ProbeTolerance(full=1e-3, half=0.05)
 
 class WorkerDied(RuntimeError):
     """The worker process is gone (killed, out of memory): a new one can take its place."""
+
+
+class WorkerOutOfMemory(WorkerDied):
+    """The worker ran out of memory sampling a batch (``MemoryError``, ``torch.OutOfMemoryError``): a new one
+    can take its place, since memory may have been short for a moment (another process, fragmentation)."""
+
+
+OOM_ERRORS = ("MemoryError", "OutOfMemoryError", "CUDA out of memory")
+LESS_MEMORY = (
+    "give sampling less at once (a smaller per_device_train_batch_size or max_completion_length, more "
+    "rollout_workers to split each batch) or another device (rollout_worker_devices)"
+)
+
+
+def ended(exitcode: int | None) -> str:
+    """How a worker process ended, in words: a signal by name (SIGKILL: what the kernel's out-of-memory
+    killer sends), else its exit code."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = (
+            " (what the kernel's out-of-memory killer sends: `dmesg` says whether it did)" if name == "SIGKILL" else ""
+        )
+        return f"was killed by {name}{oom}"
+    return f"died (exit code {exitcode})"
+
+
+def failure(step: int, pid: int | None, trace: str) -> RuntimeError:
+    """The error for a worker's ``("error", step, traceback)``: :class:`WorkerOutOfMemory` when it ran out of
+    memory (the run replaces it), else a ``RuntimeError`` with the traceback (the run stops)."""
+    last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
+    if any(name in last for name in OOM_ERRORS):
+        return WorkerOutOfMemory(
+            f"the rollout worker (pid {pid}) ran out of memory sampling the batch of step {step} ({last.strip()}): "
+            f"{LESS_MEMORY}"
+        )
+    return RuntimeError(f"the rollout worker failed sampling the batch of step {step}:\n{trace}")
 
 
 @dataclass(frozen=True)
@@ -176,12 +216,12 @@ class RolloutWorker:
                 self.process.join(timeout=POLL_SECONDS)
                 if not self.process.is_alive():
                     raise WorkerDied(
-                        f"the rollout worker (pid {self.process.pid}) died (exit code {self.process.exitcode}) while "
+                        f"the rollout worker (pid {self.process.pid}) {ended(self.process.exitcode)} while "
                         f"sampling the batch of step {step}"
                     ) from None
                 continue
             if message[0] == "error":
-                raise RuntimeError(f"the rollout worker failed sampling the batch of step {message[1]}:\n{message[2]}")
+                raise failure(message[1], self.process.pid, message[2])
             _, answered, version, sampled, answer = message
             if answered != step:
                 raise RuntimeError(f"the rollout worker answered the batch of step {answered}, expected {step}")

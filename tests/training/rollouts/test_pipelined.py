@@ -196,7 +196,9 @@ def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: P
     straight.train()
     killed = run(tmp_path / "killed", max_staleness=1, rollout_workers=1)
     kill_worker_at(killed, {1})
-    with pytest.warns(UserWarning, match=r"the rollout worker \(pid \d+\) died .* starting a new worker"):
+    with pytest.warns(
+        UserWarning, match=r"the rollout worker \(pid \d+\) was killed by SIGKILL .* starting a new worker"
+    ):
         killed.train()
     a, b = params(straight.unwrapped_model), params(killed.unwrapped_model)
     assert all(torch.equal(a[name], b[name]) for name in a)
@@ -239,7 +241,9 @@ def test_a_worker_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path, monke
     kill_worker_at(t, {1, 3})  # the first death shows at step 1 or 2; the second kills its replacement
     with (
         pytest.warns(UserWarning, match="restart 1 of at most 1"),
-        pytest.raises(RuntimeError, match=r"died .* after 1 restarts .* resume it from its last checkpoint"),
+        pytest.raises(
+            RuntimeError, match=r"killed by SIGKILL .* after 1 restarts .* resume it from its last checkpoint"
+        ),
     ):
         t.train()
 
