@@ -15,6 +15,7 @@ The random kills cannot hit the sub-millisecond deletion of an old checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -30,12 +31,15 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from rloo.tiny import save_tiny_model
 from rloo.training.checkpointing.manifest import manifest_problem
+from tests.helpers.fake_vllm import FakeVLLM
 from tests.helpers.launch import TIMING
 from tests.helpers.paths import REPO
 from tests.helpers.processes import child_env
+from tests.helpers.tools import question, taught_model, tool_tokenizer
 
 REPO = REPO
 MAX_STEPS = 12
@@ -46,21 +50,37 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 # a rollout worker's probe gap: a resumed run cannot check the versions made before it resumed (absent there)
 PROBE_GAP = "async/weight_sync_probe_gap"
+TOOLS, VLLM_SERVER = "<tools>", "<a vLLM server>"  # the modes that are not config overrides
 
 
-def write_run_file(tmp_path: Path) -> Path:
-    model = save_tiny_model(tmp_path / "model", chars="0123456789+= ")
+def write_run_file(tmp_path: Path, tools: bool = False) -> Path:
+    """The run killed again and again; ``tools``: multi-turn episodes of a tiny model taught to call ``multiply``
+    (so the episodes do call it: tool answers inside the checkpointed batches)."""
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n" for a in range(10) for b in range(10)))
+    if tools:
+        model = tmp_path / "model"
+        taught_model().save_pretrained(model)
+        tool_tokenizer().save_pretrained(model)
+        rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5), (6, 7), (4, 4)] * 4]
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        task = (
+            "reward_funcs: [tests.helpers.tool_runs:product]\n"
+            "tools: [tests.helpers.tools:multiply]\n"
+            "max_completion_length: 120\n"
+            "max_tool_calling_iterations: 2\n"
+        )
+    else:
+        model = save_tiny_model(tmp_path / "model", chars="0123456789+= ")
+        data.write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n" for a in range(10) for b in range(10)))
+        task = "reward_funcs: [tests.helpers.models:token_id_sum]\nmax_completion_length: 4\n"
     run_file = tmp_path / "run.yaml"
     run_file.write_text(
         f"model: {model}\n"
         f"dataset: {data}\n"
-        "reward_funcs: [tests.helpers.models:token_id_sum]\n"
+        f"{task}"
         f"output_dir: {tmp_path / 'killed'}\n"
         "num_generations: 2\n"
         "per_device_train_batch_size: 4\n"
-        "max_completion_length: 4\n"
         "learning_rate: 0.01\n"
         "save_steps: 1\n"
         f"max_steps: {MAX_STEPS}\n"
@@ -284,11 +304,32 @@ def kill_until_done(run_file: Path, overrides: list[str], output_dir: Path, seed
         ["max_staleness=2"],
         # a rollout worker: its batches in flight in the checkpoints, and a worker that exits with its trainer
         pytest.param(["max_staleness=2", "rollout_workers=1"], marks=pytest.mark.slow),
+        # multi-turn episodes with a tool (issue 42)
+        pytest.param([TOOLS], marks=pytest.mark.slow),
+        # a vLLM server that outlives every killed trainer: each resumed run sends it its weights again (issue 42;
+        # the server of tests/helpers/fake_vllm.py, in this process, answering with a real model)
+        pytest.param([VLLM_SERVER], marks=pytest.mark.slow),
     ],
-    ids=["default", "num_iterations=2", "max_staleness=2", "rollout_workers=1"],  # the older weights in checkpoints
+    ids=["default", "num_iterations=2", "max_staleness=2", "rollout_workers=1", "tools", "vllm_server"],
 )
 def test_sigkill_at_random_moments_never_loses_or_corrupts_a_run(tmp_path: Path, overrides: list[str]) -> None:
-    run_file = write_run_file(tmp_path)
+    run_file = write_run_file(tmp_path, tools=TOOLS in overrides)
+    server = None
+    with contextlib.ExitStack() as stack:
+        if VLLM_SERVER in overrides:
+            server = stack.enter_context(FakeVLLM(AutoModelForCausalLM.from_pretrained(tmp_path / "model")))
+            overrides = ["use_vllm=true", "vllm_mode=server", f"vllm_server_base_url={server.url}"]
+        tools, overrides = TOOLS in overrides, [o for o in overrides if o != TOOLS]
+        sigkill_loop(tmp_path, run_file, overrides)
+        if server is not None:
+            assert server.updates > KILLS  # every trainer, first or resumed, sent its weights before sampling
+    if tools:  # the episodes did call the tool, so its answers were inside the killed batches
+        rows = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+        assert sum(row.get("tools/call_frequency", 0.0) for row in rows) > 1.0  # 2.5 calls per episode, summed
+
+
+def sigkill_loop(tmp_path: Path, run_file: Path, overrides: list[str]) -> None:
+    """An uninterrupted run, then the same run killed until it completes: the same weights and metrics."""
     straight = tmp_path / "straight"
     log = tmp_path / "straight.log"
     code, _ = run_attempt(run_file, [*overrides, f"output_dir={straight}"], log, straight, None)
