@@ -143,10 +143,10 @@ def run_episodes(
             episode.tool_calls += len(answered)
             episode.tool_failures += sum(answer.failed for answer in answered)
             messages = [answer.message for answer in answered]
-            room = limits.max_tokens - len(rows[i].tokens)
-            oversized = sum(len(str(m.get("content") or "")) for m in messages) > MAX_CHARS_PER_TOKEN * room
+            left = limits.max_tokens - len(rows[i].tokens)
+            oversized = sum(len(str(m.get("content") or "")) for m in messages) > MAX_CHARS_PER_TOKEN * left
             suffix = [] if oversized else tool_suffix_ids(tokenizer, messages, chat_template_kwargs, eos)
-            if oversized or len(suffix) >= room:  # no room left for a model token
+            if oversized or len(suffix) >= left:  # no room left for a model token
                 rows[i].truncated, episode.cut = True, "max_completion_length"
                 continue
             episode.messages += messages
