@@ -5,7 +5,7 @@ reward function `judge` (12 s)``, so a run that stands still says on what.
 
 A leaf module (it imports nothing of rloo), so every stage can mark its waits. Waits nest (sampling, then the
 vLLM server's answer inside it) and may come from several threads; the newest one still open is the most
-specific. Marking costs a lock and a list append: nothing a step notices.
+specific. Marking costs a lock and a dict entry: nothing a step notices.
 """
 
 from __future__ import annotations

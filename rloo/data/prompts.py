@@ -40,7 +40,7 @@ def render_prompt(
     if isinstance(prompt, str):
         return prompt
     if not is_conversational(prompt):
-        raise ValueError(f"cannot render prompt {_preview(prompt)}: {prompt_problem(prompt)}")
+        raise ValueError(f"cannot render prompt {preview(prompt)}: {prompt_problem(prompt)}")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
             "conversational prompts need a chat template, but the tokenizer has none; "
@@ -103,7 +103,7 @@ def tokenize_prompts(
     num_truncated = 0
     for index, (text, prompt_ids) in enumerate(zip(texts, encoded, strict=True)):
         if len(prompt_ids) == 0:
-            raise ValueError(f"prompt {index} ({_preview(text)}) tokenized to no tokens")
+            raise ValueError(f"prompt {index} ({preview(text)}) tokenized to no tokens")
         if max_prompt_length is not None and len(prompt_ids) > max_prompt_length:
             prompt_ids = prompt_ids[-max_prompt_length:]
             num_truncated += 1
@@ -111,7 +111,8 @@ def tokenize_prompts(
     return TokenizedPrompts(ids=ids, num_truncated=num_truncated)
 
 
-def _preview(value: Any, limit: int = 60) -> str:
+def preview(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a row or prompt named in a message)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rloo.data.prompts import preview
 from rloo.rewards.threads import with_timeout
 from rloo.waiting import waiting_for
 
@@ -102,7 +103,7 @@ class Environments:
             row = dict(rows[i // k])
             if self.multi:
                 row.pop("environment", None)
-            name, where = type(instance).__name__, f"row {i // k} of the batch (prompt {_short(row.get('prompt'))})"
+            name, where = type(instance).__name__, f"row {i // k} of the batch (prompt {preview(row.get('prompt'))})"
             try:
                 with waiting_for(f"environment {name}.reset ({where})"):
                     observations.append(_call(functools.partial(instance.reset, **row), timeout))
@@ -127,11 +128,6 @@ class Environments:
 def _call(call: Callable[[], Any], timeout: float | None) -> Any:
     """``call()``, in a daemon thread within ``timeout`` seconds when there is one (a hung one keeps its thread)."""
     return call() if timeout is None else with_timeout(call, timeout)
-
-
-def _short(value: Any, width: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _environment_reward(cls: type) -> Callable[..., Any]:

@@ -263,6 +263,7 @@ class RLOOTrainer(CallbackMethods):
         self.callback_handler.fire("on_train_begin")
         self.progress = TrainingProgress(self.console, self.state.max_steps, self.state.global_step)
         start, first_step = time.perf_counter(), self.state.global_step
+        cli = not getattr(self.run_config, "notes", None)  # config.yaml re-runs it: all was recorded
         try:
             # on a GPU, SDPA tries flash and efficient attention before cuDNN (rloo.generation.attention_backend)
             with self._stop, self.progress, sdpa_priority(self.accelerator.device):
@@ -274,7 +275,6 @@ class RLOOTrainer(CallbackMethods):
                 per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * ranks.world_size
                 self._log(train_summary(self.state, time.perf_counter() - start, steps, per_step))
         except Exception as error:  # the newest checkpoint and the resume command, on the error itself
-            cli = not getattr(self.run_config, "notes", None)
             note_resume(error, checkpoints.latest_checkpoint(self.output_dir), self.output_dir, cli)
             raise
         finally:
@@ -282,7 +282,6 @@ class RLOOTrainer(CallbackMethods):
             self.rollouts.close()  # a rollout worker's process
         if signum is not None:
             path = self._save_checkpoint()
-            cli = not getattr(self.run_config, "notes", None)  # config.yaml re-runs it: all was recorded
             self.console.print(interrupted_message(self.state.global_step, path, self.output_dir, cli))
             raise TrainingInterrupted(signum, path)
         if self.best.restore(self.unwrapped_model, self.state):
