@@ -34,6 +34,7 @@ second). It samples on the policy's device (one GPU shared with the trainer, or 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -69,7 +70,8 @@ class WorkerOutOfMemory(WorkerDied):
     can take its place, since memory may have been short for a moment (another process, fragmentation)."""
 
 
-OOM_ERRORS = ("MemoryError", "OutOfMemoryError", "CUDA out of memory")
+# the last line of a traceback that ran out of memory: Python's, CUDA's, and the CPU allocator's (a RuntimeError)
+OOM_ERRORS = ("MemoryError", "OutOfMemoryError", "CUDA out of memory", "can't allocate memory")
 LESS_MEMORY = (
     "give sampling less at once (a smaller per_device_train_batch_size or max_completion_length, more "
     "rollout_workers to split each batch) or another device (rollout_worker_devices)"
@@ -91,16 +93,17 @@ def ended(exitcode: int | None) -> str:
     return f"died (exit code {exitcode})"
 
 
-def failure(step: int, pid: int | None, trace: str) -> RuntimeError:
-    """The error for a worker's ``("error", step, traceback)``: :class:`WorkerOutOfMemory` when it ran out of
+def failure(step: int, pid: int | None, trace: str, sampling: bool = True) -> RuntimeError:
+    """The error for a worker's ``("error", step, traceback)`` (``sampling`` False: it failed outside a batch,
+    loading weights before the batch of ``step``, and ended): :class:`WorkerOutOfMemory` when it ran out of
     memory (the run replaces it), else a ``RuntimeError`` with the traceback (the run stops)."""
     last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
+    doing = f"sampling the batch of step {step}" if sampling else f"loading new weights before the batch of step {step}"
     if any(name in last for name in OOM_ERRORS):
         return WorkerOutOfMemory(
-            f"the rollout worker (pid {pid}) ran out of memory sampling the batch of step {step} ({last.strip()}): "
-            f"{LESS_MEMORY}"
+            f"the rollout worker (pid {pid}) ran out of memory {doing} ({last.strip()}): {LESS_MEMORY}"
         )
-    return RuntimeError(f"the rollout worker failed sampling the batch of step {step}:\n{trace}")
+    return RuntimeError(f"the rollout worker failed {doing}:\n{trace}")
 
 
 @dataclass(frozen=True)
@@ -215,13 +218,19 @@ class RolloutWorker:
                     ) from None
                 self.process.join(timeout=POLL_SECONDS)
                 if not self.process.is_alive():
+                    with contextlib.suppress(queue.Empty):  # its last answer, still on the reader's way
+                        self.inbox.put(self.inbox.get(timeout=POLL_SECONDS))
+                        continue
                     raise WorkerDied(
                         f"the rollout worker (pid {self.process.pid}) {ended(self.process.exitcode)} while "
                         f"sampling the batch of step {step}"
                     ) from None
                 continue
             if message[0] == "error":
-                raise failure(message[1], self.process.pid, message[2])
+                outside = message[1] is None  # it failed outside a batch (loading weights) and is ending
+                if outside:
+                    self.process.join(timeout=10)
+                raise failure(step, self.process.pid, message[2], sampling=not outside)
             _, answered, version, sampled, answer = message
             if answered != step:
                 raise RuntimeError(f"the rollout worker answered the batch of step {answered}, expected {step}")
@@ -245,8 +254,17 @@ def newest_first(pending: list[Any]) -> tuple[list[Any], list[Any]]:
 def serve(
     requests: Any, results: Any, payload: bytes, parent: int, channel: tuple[int, str, str, bool], heartbeat: Any
 ) -> None:
-    """The worker's process: :class:`Serving`'s loop."""
-    Serving(requests, results, payload, parent, channel, heartbeat).run()
+    """The worker's process: :class:`Serving`'s loop. An error outside a batch (loading weights: a batch's own
+    are answered in its place) is answered as ``("error", None, traceback)`` before the process ends, so the
+    trainer says what went wrong (out of memory: a new worker takes its place) instead of only that it died."""
+    try:
+        Serving(requests, results, payload, parent, channel, heartbeat).run()
+    except Exception:
+        with contextlib.suppress(Exception):  # the trainer's process may be gone
+            results.put(("error", None, traceback.format_exc()))
+            results.close()
+            results.join_thread()  # the answer is written before the process ends
+        raise
 
 
 class Serving:

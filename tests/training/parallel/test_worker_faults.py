@@ -21,6 +21,12 @@ OOM_TRACE = """Traceback (most recent call last):
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
 """
 
+CPU_OOM_TRACE = """Traceback (most recent call last):
+  File "rloo/training/parallel/weight_sync.py", line 162, in receive
+RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried \
+to allocate 42024960 bytes. Error code 12 (Cannot allocate memory)
+"""
+
 
 @dataclass
 class GoneProcess:
@@ -60,6 +66,25 @@ def test_a_python_memory_error_is_out_of_memory_too_and_another_error_stops_the_
     assert isinstance(failure(3, 1, "Traceback ...\nMemoryError\n"), WorkerOutOfMemory)
     other = failure(3, 1, "Traceback ...\n  File 'x.py'\nKeyError: 'prompt'\n")
     assert type(other) is RuntimeError and "KeyError: 'prompt'" in str(other)
+
+
+def test_the_cpu_allocators_runtime_error_is_out_of_memory_too() -> None:
+    """torch's CPU allocator raises a RuntimeError, not ``torch.OutOfMemoryError`` (read off a worker under an
+    address-space limit; it was "died (exit code 1)" before)."""
+    assert isinstance(failure(3, 1, CPU_OOM_TRACE), WorkerOutOfMemory)
+
+
+def test_a_worker_that_failed_loading_weights_and_ended_is_named_so() -> None:
+    """A worker whose loop failed outside a batch answers ``("error", None, traceback)`` and ends: named as
+    failing before the batch the trainer waits for, replaced when it ran out of memory, else the run stops."""
+    worker = handle(GoneProcess(1), ("error", None, CPU_OOM_TRACE))
+    with pytest.raises(WorkerOutOfMemory, match="ran out of memory loading new weights before the batch of step 5"):
+        worker.receive(5)
+    worker = handle(GoneProcess(1), ("error", None, "Traceback ...\nValueError: bad layout\n"))
+    with pytest.raises(
+        RuntimeError, match=r"failed loading new weights before the batch of step 5:\n(.|\n)*bad layout"
+    ):
+        worker.receive(5)
 
 
 def test_a_worker_killed_by_the_out_of_memory_killer_is_named_so() -> None:

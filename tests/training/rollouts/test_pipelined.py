@@ -5,6 +5,7 @@ synchronous loop."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 from pathlib import Path
@@ -13,15 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from rloo import RLOOConfig
+from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.rollout import Rollout
 from rloo.pipeline import SampledBatch
+from rloo.tiny import build_tiny_llama
 from rloo.training.parallel import rollout_worker
 from rloo.training.rollouts import versions
 from rloo.training.rollouts import workers as worker_rollouts
 from rloo.training.rollouts.source import PipelinedRollouts, SynchronousRollouts
 from rloo.training.rollouts.versions import trainable_weights
-from tests.helpers.models import make_model, make_tokenizer, next_train_batch, params, trainer
+from tests.helpers.models import config, dataset, frac7, make_model, make_tokenizer, next_train_batch, params, trainer
 
 
 def run(tmp_path: Path, **overrides: Any) -> Any:
@@ -209,6 +211,46 @@ def test_a_worker_that_dies_is_replaced_and_samples_the_same_batches(tmp_path: P
     assert len(logged) == 4 and all(row["async/queue_depth"] == 2.0 for row in logged)
     assert all(row["async/trainer_wait_seconds"] >= 0 and row["async/worker_idle_seconds"] >= 0 for row in logged)
     assert all(0 <= row["async/weight_sync_probe_gap"] < 1e-4 for row in logged)
+
+
+def vm_size(pid: int) -> int:
+    """Bytes of address space the process ``pid`` holds (``VmSize``)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+
+
+@pytest.mark.system
+def test_a_worker_that_runs_out_of_memory_is_replaced_saying_so(tmp_path: Path) -> None:
+    """A real out-of-memory in a worker process: after step 1 its address space is capped 24 MB above what it
+    holds, so receiving the next weights (a 40 MB buffer: a 10M-parameter model) fails in torch's CPU allocator.
+    The worker says so before it ends, the warning names memory (it read "died (exit code 1)" before), and a new
+    worker finishes the run."""
+    tokenizer = make_tokenizer()
+    model = build_tiny_llama(len(tokenizer), hidden_size=1024, num_layers=1, tokenizer=tokenizer)
+    t = RLOOTrainer(
+        model=model,
+        reward_funcs=frac7,
+        args=config(tmp_path, max_steps=3, report_to=[], max_staleness=1, rollout_workers=1),
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+    )
+    real = t.rollouts.request_through
+
+    def starve_then_request(last: int) -> None:
+        if t.state.global_step == 1:
+            pid = t.rollouts.worker.process.pid
+            cap = vm_size(pid) + (24 << 20)
+            resource.prlimit(pid, resource.RLIMIT_AS, (cap, cap))
+        real(last)
+
+    t.rollouts.request_through = starve_then_request
+    with pytest.warns(
+        UserWarning,
+        match=r"rollout worker \(pid \d+\) ran out of memory loading new weights before the batch of step 2 "
+        r"\(RuntimeError: .*can't allocate memory.*starting a new worker",
+    ):
+        t.train()
+    assert t.rollouts.restarts == 1 and t.state.global_step == 3
 
 
 @pytest.mark.system
