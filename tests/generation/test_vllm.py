@@ -203,6 +203,31 @@ def test_no_server_is_named_with_the_command_that_starts_one() -> None:
         client.generate([[1, 2]], n=1, max_tokens=2)
 
 
+ENGINE_FAILS = """
+from fastapi.testclient import TestClient
+from rloo.generation.vllm.server import build_app
+
+class Failing:
+    def generate(self, *args, **kwargs):
+        raise RuntimeError("Unsupported CPU attention configuration: head_dim=8")
+
+answer = TestClient(build_app(Failing(), 1)).post("/generate/", json={"prompts": [[1, 2]], "max_tokens": 2})
+print(answer.status_code, answer.json()["detail"])
+"""
+
+
+def test_an_engine_that_fails_answers_why_not_a_bare_500() -> None:
+    """vLLM's CPU attention refuses a head dimension of 8 (the kill loop's first model): the trainer's error read
+    "answered 500: Internal Server Error" and nothing more; now the server answers the engine's error."""
+    python = vllm_python() if _has_vllm_env() else pytest.skip("no .venv-vllm (make vllm)")
+    out = subprocess.run([python, "-c", ENGINE_FAILS], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == (
+        "500 the vLLM engine failed (RuntimeError: Unsupported CPU attention configuration: head_dim=8); the "
+        "server's log has the traceback"
+    )
+
+
 def test_vllm_serve_finds_the_vllm_environment_or_says_how_to_make_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -183,6 +184,10 @@ def build_app(llm: Any, world_size: int) -> Any:
                 return generate(llm, request)
         except (ValueError, TypeError, KeyError) as error:
             raise HTTPException(status_code=400, detail=str(error)) from None
+        except Exception as error:  # the engine failed: the trainer's message names why (a bare 500 before)
+            traceback.print_exc()
+            detail = f"the vLLM engine failed ({type(error).__name__}: {error}); the server's log has the traceback"
+            raise HTTPException(status_code=500, detail=detail) from None
 
     @app.post("/update_weights/")
     async def update_weights_endpoint(request: Request) -> dict[str, int]:
