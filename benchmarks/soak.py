@@ -44,6 +44,9 @@ FLAT = (
     "log_bytes_per_step",
     "trainer_state_bytes_per_step",
 )
+# reported, not judged: wall-clock times wander with the machine (a 2-core CPU shared with the OS), and a
+# checkpoint write grows with the log history it holds (by design)
+TIMES = ("worker_rss_mb", "step_seconds", "step_seconds_between_saves", "save_seconds", "cpu_seconds_per_step")
 STATE_FILE = "trainer_state.json"
 
 
@@ -56,6 +59,9 @@ class Sample:
     threads: int
     children: int
     step_seconds: float  # mean over the steps since the last sample
+    step_seconds_between_saves: float  # the same without the checkpoint writes (their time grows by design)
+    save_seconds: float  # the newest checkpoint write since the last sample (0: none)
+    cpu_seconds_per_step: float  # CPU time of the process and its children (a worker): no wait for other work
     log_bytes: int  # the run folder outside checkpoints
     log_bytes_per_step: float  # added since the last sample, per step
     checkpoint_count: int
@@ -90,9 +96,16 @@ class SoakProbe(TrainerCallback):
         self.output_dir, self.every = output_dir, every
         self.process = psutil.Process()
         self.samples: list[Sample] = []
-        self._last: tuple[int, float, int] | None = None  # step, time, log bytes
+        self._last: tuple[int, float, int, float] | None = None  # step, time, log bytes, CPU seconds
+        self._step_ended = 0.0  # when the last step ended: a checkpoint write follows it
+        self._saving = self._last_save = 0.0  # seconds of checkpoint writes since the last sample, the newest
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last_save = time.perf_counter() - self._step_ended
+        self._saving += self._last_save
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_ended = time.perf_counter()
         step = state.global_step
         if step % self.every:
             return
@@ -100,8 +113,9 @@ class SoakProbe(TrainerCallback):
         logs, count, checkpoint_bytes, state_per_step = folder_bytes(self.output_dir)
         children = self.process.children(recursive=True)
         worker_rss = sum(_rss(child) for child in children)
+        cpu = _cpu_seconds(self.process) + sum(_cpu_seconds(child) for child in children)
         if self._last is not None:
-            last_step, last_time, last_logs = self._last
+            last_step, last_time, last_logs, last_cpu = self._last
             self.samples.append(
                 Sample(
                     step=step,
@@ -111,6 +125,9 @@ class SoakProbe(TrainerCallback):
                     threads=self.process.num_threads(),
                     children=len(children),
                     step_seconds=(now - last_time) / (step - last_step),
+                    step_seconds_between_saves=(now - last_time - self._saving) / (step - last_step),
+                    save_seconds=self._last_save,
+                    cpu_seconds_per_step=(cpu - last_cpu) / (step - last_step),
                     log_bytes=logs,
                     log_bytes_per_step=(logs - last_logs) / (step - last_step),
                     checkpoint_count=count,
@@ -118,7 +135,17 @@ class SoakProbe(TrainerCallback):
                     trainer_state_bytes_per_step=state_per_step,
                 )
             )
-        self._last = (step, now, logs)
+        self._last = (step, now, logs, cpu)
+        self._saving = 0.0
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds of ``process`` (0 when it ended between the listing and the reading)."""
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
 
 
 def _rss(process: psutil.Process) -> int:
@@ -185,7 +212,7 @@ def _sevens(completions: list[str], **kwargs: Any) -> list[float]:
 
 def summary(samples: list[Sample]) -> dict[str, Any]:
     """First and last values, growth after the warm-up, and whether each flat quantity held."""
-    keys = [*FLAT, "worker_rss_mb", "step_seconds"]
+    keys = [*FLAT, *TIMES]
     out: dict[str, Any] = {"samples": len(samples), "steps": samples[-1].step if samples else 0}
     for key in keys:
         values = [getattr(s, key) for s in samples]
@@ -196,7 +223,7 @@ def summary(samples: list[Sample]) -> dict[str, Any]:
 
 def table(name: str, result: dict[str, Any]) -> str:
     rows = [f"{name}: {result['steps']} steps, {result['samples']} samples; drift: {result['drift'] or 'none'}"]
-    for key in [*FLAT, "worker_rss_mb", "step_seconds"]:
+    for key in [*FLAT, *TIMES]:
         v = result[key]
         rows.append(f"  {key:20s} first {v['first']:>12.4g}  last {v['last']:>12.4g}  growth {v['growth']:+.1%}")
     return "\n".join(rows)
