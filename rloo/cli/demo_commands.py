@@ -87,6 +87,9 @@ def demo_tools(
     prompts_per_step: int = typer.Option(32, help="Prompts per RLOO step."),
     learning_rate: float = typer.Option(1e-3, help="RLOO learning rate."),
     tool_share: float = typer.Option(0.3, help="Share of the teacher's episodes that call the tool."),
+    chat_template: str = typer.Option(
+        "hermes", help="hermes, or thinking: a thinking model's template (Qwen3's rules), each turn reasoning first."
+    ),
     warm_start_steps: int = typer.Option(
         1500, help="Most supervised warm-start steps (it stops at the teacher's level)."
     ),
@@ -108,6 +111,7 @@ def demo_tools(
             prompts_per_step=prompts_per_step,
             learning_rate=learning_rate,
             tool_share=tool_share,
+            chat_template=chat_template,
             warm_start_steps=warm_start_steps,
             hidden_size=hidden_size,
             num_layers=num_layers,

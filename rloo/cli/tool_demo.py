@@ -56,7 +56,35 @@ TOOL_DEMO_TOKENS = (
     ', "b": ',
     "}}",
 )
+# the reasoning block's markers, one token each (added only under the thinking template: the default demo's
+# vocabulary, and so its model and its numbers, stay as they were)
+THINK_TOKENS = ("<think>", "</think>")
+# a thinking model's template (Qwen3's rules, in the demo's markers): an assistant turn shows its reasoning
+# (``reasoning_content``, or a ``<think>...</think>`` the model wrote into its content) only after the last
+# user message, and the last turn shows an empty block when it has none. So it is not prefix-preserving: the
+# turn a model just sampled renders differently once tool messages follow it.
+THINKING_TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<system>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}.\n{% endif %}"
+    "{% set ns = namespace(last_query=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}"
+    "{% set content = m['content'] or '' %}{% set reasoning = m.reasoning_content or '' %}"
+    "{% if '</think>' in content %}{% set reasoning = content.split('</think>')[0].split('<think>')[-1] %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "<assistant>{% if loop.index0 > ns.last_query and (loop.last or reasoning) %}<think>{{ reasoning }}</think>"
+    "{% endif %}{{ content }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{% endfor %}</s>\n"
+    "{% elif m['role'] == 'tool' %}<tool>{{ m['content'] }}\n"
+    "{% else %}<{{ m['role'] }}>{{ m['content'] }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "thinking": THINKING_TOOL_CHAT_TEMPLATE}
 EPISODE_TOKENS = 32
+THINKING_EPISODE_TOKENS = 40  # the reasoning blocks' tokens on top
 CONTROL = "control: + SFT, same steps"
 
 
@@ -97,11 +125,14 @@ def make_products(seed: int) -> tuple[list[Product], list[Product]]:
     return products[:cut], products[cut:]
 
 
-def build_tool_demo_model(seed: int, hidden_size: int = 128, num_layers: int = 2) -> tuple[Any, Any]:
-    """The demo's tiny Llama and its tokenizer, whose chat template renders tool calls (Hermes format)."""
+def build_tool_demo_model(
+    seed: int, hidden_size: int = 128, num_layers: int = 2, template: str = "hermes"
+) -> tuple[Any, Any]:
+    """The demo's tiny Llama and its tokenizer, whose chat template renders tool calls (Hermes format); ``template``
+    "thinking": a thinking model's (:data:`THINKING_TOOL_CHAT_TEMPLATE`)."""
     tokenizer = build_char_tokenizer(TOOL_DEMO_CHARS)
-    tokenizer.add_tokens(list(TOOL_DEMO_TOKENS))
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.add_tokens(list(TOOL_DEMO_TOKENS) + (list(THINK_TOKENS) if template == "thinking" else []))
+    tokenizer.chat_template = TEMPLATES[template]
     model = build_tiny_llama(
         len(tokenizer), hidden_size=hidden_size, num_layers=num_layers, num_heads=4, max_positions=64, seed=seed
     )
@@ -109,13 +140,16 @@ def build_tool_demo_model(seed: int, hidden_size: int = 128, num_layers: int = 2
     return model, tokenizer
 
 
-def teacher_episode(problem: Product, uses_tool: bool) -> list[dict[str, Any]]:
-    """The teacher's episode: a call and the tool's answer copied, or an answer from its head."""
+def teacher_episode(problem: Product, uses_tool: bool, thinking: bool = False) -> list[dict[str, Any]]:
+    """The teacher's episode: a call and the tool's answer copied, or an answer from its head; ``thinking``: each
+    turn reasons first (``reasoning_content``): the product it will compute, rounded when in its head ("50*8")."""
     if not uses_tool:
-        return [{"role": "assistant", "content": str(problem.head_answer)}]
+        head = {"role": "assistant", "content": str(problem.head_answer)}
+        return [{**head, "reasoning_content": f"{round(problem.a, -1)}*{problem.b}"} if thinking else head]
     call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": problem.a, "b": problem.b}}}
+    calling = {"role": "assistant", "content": "", "tool_calls": [call]}
     return [
-        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {**calling, "reasoning_content": f"{problem.a}*{problem.b}"} if thinking else calling,
         {"role": "tool", "name": "multiply", "content": str(problem.answer)},
         {"role": "assistant", "content": str(problem.answer)},
     ]
@@ -149,11 +183,14 @@ def tool_rewards() -> RewardFunctions:
     """The exact answer in the episode's last message (weight 1)."""
 
     def correct(completions: list[Any], answer: list[int], **_: Any) -> list[float]:
-        return [
-            float(str(c[-1].get("content", "")).strip() == str(x)) for c, x in zip(completions, answer, strict=True)
-        ]
+        return [float(final_answer(c[-1]) == str(x)) for c, x in zip(completions, answer, strict=True)]
 
     return RewardFunctions([correct])
+
+
+def final_answer(message: dict[str, Any]) -> str:
+    """A model turn's answer: its content after any reasoning block."""
+    return str(message.get("content", "")).split("</think>")[-1].strip()
 
 
 @dataclass(frozen=True)
@@ -166,14 +203,20 @@ class ToolAccuracy:
     right_call: float
 
 
-def agent_settings() -> AgentSettings:
-    return AgentSettings((multiply,), EpisodeLimits(max_iterations=2, max_tokens=EPISODE_TOKENS, timeout=10.0))
+def episode_tokens(tokenizer: Any) -> int:
+    """An episode's token budget: more under the thinking template, for the reasoning blocks."""
+    return THINKING_EPISODE_TOKENS if tokenizer.chat_template == THINKING_TOOL_CHAT_TEMPLATE else EPISODE_TOKENS
+
+
+def agent_settings(tokens: int = EPISODE_TOKENS) -> AgentSettings:
+    return AgentSettings((multiply,), EpisodeLimits(max_iterations=2, max_tokens=tokens, timeout=10.0))
 
 
 @torch.no_grad()
 def evaluate_tools(model: nn.Module, tokenizer: Any, problems: list[Product]) -> ToolAccuracy:
     """Greedy episodes (with the real tool) scored by the training pipeline."""
-    settings = RolloutSettings(1, EPISODE_TOKENS, SamplingParams(top_k=1), agent=agent_settings())
+    tokens = episode_tokens(tokenizer)
+    settings = RolloutSettings(1, tokens, SamplingParams(top_k=1), agent=agent_settings(tokens))
     columns = {"answer": [p.answer for p in problems]}
     scored = generate_and_score(model, tokenizer, [p.prompt for p in problems], columns, tool_rewards(), settings)
     assert scored.episodes is not None
@@ -198,11 +241,16 @@ class ToolDemoOptions(DemoSizes):
     warm_start_steps: int = 1500
     output_dir: str = "runs/demo-tools"
     tool_share: float = 0.3
+    chat_template: str = "hermes"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 < self.tool_share < 1:
             raise ValueError(f"--tool-share={self.tool_share} is invalid: the teacher's share of tool calls, in (0, 1)")
+        if self.chat_template not in TEMPLATES:
+            raise ValueError(
+                f"--chat-template={self.chat_template!r} is invalid: one of {', '.join(map(repr, TEMPLATES))}"
+            )
 
 
 @dataclass(frozen=True)
@@ -227,8 +275,10 @@ def run_tool_demo(options: ToolDemoOptions, log: Any = print) -> ToolDemoResult:
     train, held_out = make_products(options.seed)
     chooser = random.Random(options.seed + 1)
     uses_tool = {p: chooser.random() < options.tool_share for p in train + held_out}
-    model, tokenizer = build_tool_demo_model(options.seed, options.hidden_size, options.num_layers)
-    encoded = [encode_episode(tokenizer, p, teacher_episode(p, uses_tool[p])) for p in train]
+    template = options.chat_template
+    model, tokenizer = build_tool_demo_model(options.seed, options.hidden_size, options.num_layers, template)
+    thinking = template == "thinking"
+    encoded = [encode_episode(tokenizer, p, teacher_episode(p, uses_tool[p], thinking)) for p in train]
     seconds: dict[str, float] = {}
     rows = {"teacher (demonstrations)": teacher_accuracy(held_out, uses_tool)}
     level = rows["teacher (demonstrations)"].greedy
@@ -254,7 +304,7 @@ def run_tool_demo(options: ToolDemoOptions, log: Any = print) -> ToolDemoResult:
         output_dir=options.output_dir,
         num_generations=k,
         per_device_train_batch_size=options.prompts_per_step * k,
-        max_completion_length=EPISODE_TOKENS,
+        max_completion_length=episode_tokens(tokenizer),
         max_tool_calling_iterations=2,
         tool_timeout=10.0,
         learning_rate=options.learning_rate,
