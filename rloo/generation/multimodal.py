@@ -6,7 +6,8 @@ tokens) plus tensors of two kinds, kept apart here because rows are selected dif
 - per-token tensors, one value per prompt token (Gemma3's ``token_type_ids``, Qwen-VL's
   ``mm_token_type_ids``): ``(N, Tp)`` left-padded with 0 like the prompt ids, and extended with 0
   (text) over the completion columns of a forward pass;
-- per-image tensors (``pixel_values``, ``image_grid_thw``, ``image_sizes``): the images of all rows
+- per-image tensors (``pixel_values``, ``image_grid_thw``, ``image_sizes``, Gemma 4's ``image_position_ids``:
+  each patch's place in its image's grid, -1 for the padding patches): the images of all rows
   of a forward pass concatenated in row order, which is the order their image tokens appear in.
   Qwen-VL's ``pixel_values`` are flattened patches, ``image_grid_thw.prod(-1)`` of them per image,
   so they are kept per row and never indexed by row number.
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 # processor outputs with one value per prompt token
 TOKEN_LEVEL_KEYS = ("token_type_ids", "mm_token_type_ids")
 # processor outputs with one entry (first dimension) per image, or per patch for Qwen-VL's pixel_values
-IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes")
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "image_position_ids")
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

@@ -201,11 +201,19 @@ def build_hub(root: Path) -> dict[str, str]:
 
 def vision_folder(root: Path, family: str) -> tuple[str, Any]:
     """A tiny vision-language model of ``family`` saved with its processor (``tests/helpers/vision.py``),
-    and the processor. A Qwen-VL folder also gets the video processor's settings a hub folder has
-    (the test processors have none): loading it needs torchvision, as loading the hub's does."""
+    and the processor. A Qwen-VL or Gemma 4 folder also gets the video processor's settings a hub folder has
+    (the test processors have none; Gemma 4's its audio feature extractor's too, which it loads first): loading
+    it needs torchvision, as loading the hub's does."""
     processor, model = build_vision(family)
     folder = _save(root / family, model, processor)
-    if family.startswith("qwen"):
-        video = {"video_processor_type": "Qwen2VLVideoProcessor", "processor_class": type(processor).__name__}
+    video_processor = "Qwen2VLVideoProcessor" if family.startswith("qwen") else VIDEO_PROCESSORS.get(family)
+    if family == "gemma4_vl":
+        transformers.Gemma4AudioFeatureExtractor().save_pretrained(folder)
+    if video_processor is not None:
+        video = {"video_processor_type": video_processor, "processor_class": type(processor).__name__}
         (Path(folder) / "video_preprocessor_config.json").write_text(json.dumps(video))
     return folder, processor
+
+
+# the video processors (torchvision's) the hub's processors of these families are built with (Qwen-VL's: above)
+VIDEO_PROCESSORS = {"gemma4_vl": "Gemma4VideoProcessor"}

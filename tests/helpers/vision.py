@@ -172,6 +172,51 @@ def _gemma3() -> tuple[Any, Any]:
     return processor, transformers.Gemma3ForConditionalGeneration(config)
 
 
+class _ImageOnlyGemma4(transformers.Gemma4Processor):  # type: ignore[misc]
+    """Gemma 4's processor without its video processor (which needs torchvision) and audio feature extractor:
+    images only, as rloo passes them."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **_: Any):
+        self.image_seq_length = image_processor.max_soft_tokens
+        self.image_token_id = tokenizer.image_token_id
+        self.boi_token, self.eoi_token, self.image_token = (
+            tokenizer.boi_token,
+            tokenizer.eoi_token,
+            tokenizer.image_token,
+        )
+        self.video_token, self.video_token_id = "<|video_pad|>", tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        self.audio_seq_length, self.audio_ms_per_token = 750, 40
+        self.audio_token_id = self.audio_token = None
+        self.boa_token = self.eoa_token = "<s>"  # its validate_inputs reads them even without audio
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+
+_ImageOnlyGemma4.__name__ = "Gemma4Processor"
+
+
+def _gemma4() -> tuple[Any, Any]:
+    """Gemma 4 with its vision tower: per-layer head sizes (``head_dim`` 8 sliding, ``global_head_dim`` 16 full),
+    per-layer inputs, and 70 soft tokens an image (its image processor's least ``max_soft_tokens``)."""
+    tokenizer = vision_tokenizer(GEMMA_TOKENS)
+    image_processor = transformers.Gemma4ImageProcessorPil(patch_size=7, max_soft_tokens=70, pooling_kernel_size=3)
+    processor = _ImageOnlyGemma4(image_processor, tokenizer, chat_template=chat_template("<image_soft_token>"))
+    text = {**GQA, "vocab_size": len(tokenizer), "head_dim": 8, "global_head_dim": 16, "sliding_window": 4}
+    text |= {"layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8}
+    vision = {**VISION, "num_key_value_heads": 2, "head_dim": 8, "patch_size": 7, "pooling_kernel_size": 3}
+    config = transformers.Gemma4Config(
+        text_config=text | _ids(tokenizer),
+        vision_config=vision,
+        boi_token_id=tokenizer.boi_token_id,
+        eoi_token_id=tokenizer.eoi_token_id,
+        image_token_id=tokenizer.image_token_id,
+        video_token_id=processor.video_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        **_ids(tokenizer),
+    )
+    return processor, transformers.Gemma4ForConditionalGeneration(config)
+
+
 def _llava(next_: bool) -> tuple[Any, Any]:
     tokenizer = vision_tokenizer()
     size = {"size": {"shortest_edge": 28}, "crop_size": {"height": 28, "width": 28}}
@@ -206,6 +251,7 @@ VISION_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
     "qwen3_vl": lambda: _qwen3("3"),
     "qwen3_5_vl": lambda: _qwen3("3.5"),
     "gemma3_vl": _gemma3,
+    "gemma4_vl": _gemma4,
     "llava": lambda: _llava(next_=False),
     "llava_next": lambda: _llava(next_=True),
 }

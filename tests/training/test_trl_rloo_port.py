@@ -570,13 +570,13 @@ def vlm_config(**overrides: Any) -> dict[str, Any]:
     return {"per_device_train_batch_size": 2, "num_generations": 2, **overrides}
 
 
-# TRL's test_train_vlm families rloo has tiny builders of (TRL also runs Gemma4 and Qwen3.5-MoE)
-VLM_FAMILIES = ["gemma3_vl", "llava_next", "qwen2_5_vl", "qwen2_vl", "qwen3_5_vl"]
+# TRL's test_train_vlm families rloo has tiny builders of (TRL also runs Qwen3.5-MoE)
+VLM_FAMILIES = ["gemma3_vl", "gemma4_vl", "llava_next", "qwen2_5_vl", "qwen2_vl", "qwen3_5_vl"]
 NO_TORCHVISION = importlib.util.find_spec("torchvision") is None
 
 
 def vlm(tmp_path: Path, family: str, data: Any = None, model: Any = None, **kwargs: Any) -> Any:
-    """TRL's VLM trainer: ``model`` by its folder (or the instance given). Qwen-VL processors need
+    """TRL's VLM trainer: ``model`` by its folder (or the instance given). Qwen-VL and Gemma 4 processors need
     torchvision to load (their video part); without it the refusal must say so, and the processor
     is then passed as ``processing_class``."""
     folder, processor = vision_folder(tmp_path / "models", family)
@@ -585,7 +585,7 @@ def vlm(tmp_path: Path, family: str, data: Any = None, model: Any = None, **kwar
     config = {"per_device_train_batch_size": 4, "num_generations": 2, **kwargs.pop("config", {})}
     args = port_config(tmp_path / "run", **config)
     build = dict(model=model or folder, reward_funcs=image_lengths, args=args, train_dataset=data or zen_image())
-    if family.startswith("qwen") and NO_TORCHVISION:
+    if (family.startswith("qwen") or family == "gemma4_vl") and NO_TORCHVISION:
         with pytest.raises(ValueError, match=r"needs torchvision, which is not installed .*pip install torchvision"):
             RLOOTrainer(**build, **kwargs)
         kwargs["processing_class"] = processor

@@ -24,7 +24,16 @@ from rloo.data.prompt_checks import PROMPT_COLUMN
 from rloo.offline import hub_or_cache
 
 # config.model_type of the vision-language families tested with images
-SUPPORTED_VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "llava", "llava_next")
+SUPPORTED_VISION_FAMILIES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_5",
+    "gemma3",
+    "gemma4",
+    "llava",
+    "llava_next",
+)
 
 
 def base_model_of(model: Any) -> Any:
