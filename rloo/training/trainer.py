@@ -233,6 +233,7 @@ class RLOOTrainer(CallbackMethods):
         assert args.health_thresholds is not None  # resolved (all keys) by RLOOConfig
         self.health = HealthMonitor(args.health_thresholds)
         self._checkpoint_due = False
+        self._row_texts = checkpoints.RowTexts()  # each logged row encoded once for trainer_state.json
         self.best = BestModel(args=args, output_dir=self.output_dir)
         self.callback_handler = Callbacks(list(callbacks or []), self)
         self.callback_handler.fire("on_init_end")
@@ -437,6 +438,7 @@ class RLOOTrainer(CallbackMethods):
                 trainer_state={**self.state.to_dict(), "world_size": self.ranks.world_size},
                 config_yaml=config_yaml(self.args.to_dict(), self.run_config),
                 save_total_limit=self.args.save_total_limit,
+                row_texts=self._row_texts,
             )
         )
         self.callback_handler.fire("on_save", path=path)

@@ -174,12 +174,35 @@ def restore_training_state(
         part.restore(state.get(key) or {})
 
 
-def state_json(trainer_state: dict[str, Any]) -> str:
+class RowTexts:
+    """Each logged row's JSON text, encoded once for all the checkpoints that hold it: a row is never changed
+    once logged, so a checkpoint encodes only the rows logged since the last (about 25 us a row; at 10,000
+    rows, 250 ms a checkpoint otherwise). Rows are matched by identity: a log history replaced (a resume) or
+    a row replaced is encoded anew."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.texts: list[str] = []
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[str]:
+        kept = 0
+        for row, seen in zip(rows, self.rows, strict=False):
+            if row is not seen:
+                break
+            kept += 1
+        self.texts = self.texts[:kept] + [json.dumps(row) for row in rows[kept:]]
+        self.rows = list(rows)
+        return self.texts
+
+
+def state_json(trainer_state: dict[str, Any], row_texts: RowTexts | None = None) -> str:
     """``trainer_state.json``'s text: transformers' fields, ``log_history`` a row a line. Every logged row is
     in it (a resume rewrites ``metrics.jsonl`` from it), so it grows with the run; each row goes through
-    json's C encoder (an indented dump runs the pure-Python one: 0.9 s against 0.2 s at 10,000 rows)."""
+    json's C encoder (an indented dump runs the pure-Python one: 0.9 s against 0.2 s at 10,000 rows), once
+    with ``row_texts`` (the trainer's: :class:`RowTexts`)."""
     head = {key: value for key, value in trainer_state.items() if key != "log_history"}
-    rows = ",\n".join(json.dumps(row) for row in trainer_state.get("log_history", []))
+    history = trainer_state.get("log_history", [])
+    rows = ",\n".join(row_texts(history) if row_texts is not None else [json.dumps(row) for row in history])
     fields = json.dumps(head, indent=1)
     if "log_history" not in trainer_state:
         return fields
@@ -197,8 +220,10 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     config_yaml: str,
     save_total_limit: int | None,
+    row_texts: RowTexts | None = None,
 ) -> Path:
-    """Write ``checkpoint-<step>`` atomically; returns its path.
+    """Write ``checkpoint-<step>`` atomically; returns its path (``row_texts``: the log rows' JSON, kept from
+    the last checkpoint: :class:`RowTexts`).
 
     ``model.save_pretrained`` writes safetensors (only the adapter for a PEFT model), of
     ``model_state`` when given (a sharded model's full weights: :func:`full_weights`);
@@ -218,7 +243,7 @@ def save_checkpoint(
         save_pretrained_quietly(tokenizer, tmp)
         save_state(training_state, tmp, TRAINING_STATE)
         (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / STATE_FILE).write_text(state_json(trainer_state))
+        (tmp / STATE_FILE).write_text(state_json(trainer_state, row_texts))
         write_manifest(tmp)
         old = output_dir / f"old-checkpoint-{step}"
         if final.exists():
