@@ -28,10 +28,9 @@ CHAT_TEMPLATE = (
 # assistant turn's calls as <tool_call>{json}</tool_call>, each turn closed by EOS, tool results as <tool>
 # lines. Each message is appended to the rendering of those before it, so tool results can be inserted
 # as tokens after a sampled turn. Needs "_" among the tokenizer's characters (TOOL_CHARS).
-TOOL_CHAT_TEMPLATE = (
-    "{% if tools %}<system>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}.\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<assistant>{{ m['content'] }}"
+TOOLS_LINE = "{% if tools %}<system>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}.\n{% endif %}"
+# what follows an assistant turn's content: its calls and EOS, the other roles' lines, the generation prompt
+TOOL_TEMPLATE_TAIL = (
     "{% for c in m['tool_calls'] or [] %}<tool_call>"
     "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
     "{% endfor %}</s>\n"
@@ -39,6 +38,11 @@ TOOL_CHAT_TEMPLATE = (
     "{% else %}<{{ m['role'] }}>{{ m['content'] }}\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+TOOL_CHAT_TEMPLATE = (
+    TOOLS_LINE
+    + "{% for m in messages %}{% if m['role'] == 'assistant' %}<assistant>{{ m['content'] }}"
+    + TOOL_TEMPLATE_TAIL
 )
 TOOL_CHARS = DEFAULT_CHARS + "_"
 

@@ -39,7 +39,7 @@ from rloo.cli.supervised import supervised_train
 from rloo.generation.sampling import SamplingParams
 from rloo.pipeline import RolloutSettings, generate_and_score
 from rloo.rewards.calling import RewardFunctions
-from rloo.tiny import TOOL_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
+from rloo.tiny import TOOL_CHAT_TEMPLATE, TOOL_TEMPLATE_TAIL, TOOLS_LINE, build_char_tokenizer, build_tiny_llama
 from rloo.tools.agent import AgentSettings
 from rloo.tools.episodes import EpisodeLimits
 
@@ -64,8 +64,7 @@ THINK_TOKENS = ("<think>", "</think>")
 # user message, and the last turn shows an empty block when it has none. So it is not prefix-preserving: the
 # turn a model just sampled renders differently once tool messages follow it.
 THINKING_TOOL_CHAT_TEMPLATE = (
-    "{% if tools %}<system>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}.\n{% endif %}"
-    "{% set ns = namespace(last_query=-1) %}"
+    TOOLS_LINE + "{% set ns = namespace(last_query=-1) %}"
     "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'assistant' %}"
@@ -73,14 +72,7 @@ THINKING_TOOL_CHAT_TEMPLATE = (
     "{% if '</think>' in content %}{% set reasoning = content.split('</think>')[0].split('<think>')[-1] %}"
     "{% set content = content.split('</think>')[-1] %}{% endif %}"
     "<assistant>{% if loop.index0 > ns.last_query and (loop.last or reasoning) %}<think>{{ reasoning }}</think>"
-    "{% endif %}{{ content }}"
-    "{% for c in m['tool_calls'] or [] %}<tool_call>"
-    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
-    "{% endfor %}</s>\n"
-    "{% elif m['role'] == 'tool' %}<tool>{{ m['content'] }}\n"
-    "{% else %}<{{ m['role'] }}>{{ m['content'] }}\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
+    "{% endif %}{{ content }}" + TOOL_TEMPLATE_TAIL
 )
 TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "thinking": THINKING_TOOL_CHAT_TEMPLATE}
 EPISODE_TOKENS = 32
