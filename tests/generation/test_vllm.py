@@ -195,6 +195,39 @@ def test_a_lora_policy_reaches_the_server_merged(server: str, model_dir: Path, t
     VLLMSampler(server, timeout=60).sync(load(model_dir), 0)
 
 
+def test_a_lora_policy_reaches_a_lora_server_as_its_adapter(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rloo vllm-serve --enable_lora true``: each sync sends the adapter alone (vLLM applies it as a LoRA
+    adapter), never the merged weights, and the probe finds the server's log-probs the policy's."""
+    from peft import LoraConfig
+
+    sent: dict[str, list[int]] = {"adapter": [], "weights": []}
+    load_adapter, update_weights = VLLMClient.load_adapter, VLLMClient.update_weights
+
+    def adapter(client: VLLMClient, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        sent["adapter"].append(sum(t.numel() * t.element_size() for t in weights.values()))
+        return load_adapter(client, weights, config)
+
+    def merged(client: VLLMClient, named: Any) -> int:
+        tensors = list(named)
+        sent["weights"].append(sum(t.numel() * t.element_size() for _, t in tensors))
+        return update_weights(client, tensors)
+
+    monkeypatch.setattr(VLLMClient, "load_adapter", adapter)
+    monkeypatch.setattr(VLLMClient, "update_weights", merged)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    with vllm_server(model_dir, "--enable_lora", "true", "--max_lora_rank", "8") as url:
+        trainer = train_through(url, model_dir, tmp_path / "lora", peft_config=lora, learning_rate=5e-2)
+        sampler = trainer.rollout_settings.engine
+        assert sampler.synced_step == 2 and len(sent["adapter"]) == 3 and not sent["weights"]
+        assert sampler.last_gap is not None and sampler.last_gap < 1e-3  # the server's adapter is the policy's
+        adapters = [p for n, p in trainer.unwrapped_model.named_parameters() if "lora_B" in n]
+        assert any(float(p.abs().max()) > 0 for p in adapters)  # trained: the probe compared a change
+        VLLMSampler(url, timeout=60).sync(load(model_dir), 0)  # a full model afterwards: its weights, no adapter
+    assert len(sent["weights"]) == 1 and sent["adapter"][0] * 20 < sent["weights"][0]
+
+
 def test_no_server_is_named_with_the_command_that_starts_one() -> None:
     client = VLLMClient(f"http://127.0.0.1:{free_port()}", timeout=5)
     with pytest.raises(ConnectionError, match=r"no vLLM server answered at .* start one with `rloo vllm-serve"):

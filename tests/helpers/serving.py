@@ -13,12 +13,13 @@ from tests.helpers.launch import free_port
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path) -> Iterator[str]:
-    """Serve ``model_dir`` (float32, 256 positions) on a free port of 127.0.0.1; yields its URL."""
+def vllm_server(model_dir: Path, *extra: str) -> Iterator[str]:
+    """Serve ``model_dir`` (float32, 256 positions; ``extra``: more flags) on a free port of 127.0.0.1; yields
+    its URL."""
     try:
         vllm_python()
     except ValueError as error:
         pytest.skip(str(error))
-    args = ("--dtype", "float32", "--max_model_len", "256", "--log_level", "warning")
+    args = ("--dtype", "float32", "--max_model_len", "256", "--log_level", "warning", *extra)
     with serving(model_dir, *args, port=free_port()) as url:
         yield url

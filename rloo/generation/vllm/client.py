@@ -183,6 +183,13 @@ class VLLMClient:
         answer = self._request("/health/", timeout=HEALTH_ATTEMPT_TIMEOUT)
         return answer.get("instance") if isinstance(answer, dict) else None
 
+    def max_lora_rank(self) -> int | None:
+        """The largest LoRA rank the server takes as an adapter (``rloo vllm-serve --enable_lora true``); None
+        from one that takes none (or does not say: ``trl vllm-serve``)."""
+        answer = self._request("/health/", timeout=HEALTH_ATTEMPT_TIMEOUT)
+        rank = answer.get("max_lora_rank") if isinstance(answer, dict) else None
+        return rank if isinstance(rank, int) else None
+
     def check_server(
         self, total_timeout: float = 240.0, interval: float = 1.0, notify: Callable[[str], None] | None = None
     ) -> None:
@@ -252,6 +259,15 @@ class VLLMClient:
 
         body = save({name: tensor.detach().contiguous().cpu() for name, tensor in named})
         return int(self._request("/update_weights/", body, "application/octet-stream")["tensors"])
+
+    def load_adapter(self, weights: dict[str, Tensor], config: dict[str, Any]) -> int:
+        """Send a LoRA adapter (its weights under PEFT's saved names, its ``adapter_config.json`` as a dict),
+        which the server then generates with; the count of tensors it loaded."""
+        from safetensors.torch import save
+
+        tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in weights.items()}
+        body = save(tensors, metadata={"adapter_config": json.dumps(config, default=sorted)})
+        return int(self._request("/load_adapter/", body, "application/octet-stream")["tensors"])
 
     def reset_prefix_cache(self) -> None:
         self._request("/reset_prefix_cache/", b"{}")

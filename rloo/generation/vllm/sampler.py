@@ -79,6 +79,26 @@ def vllm_state_dict(model: nn.Module) -> dict[str, Tensor]:
         model.unmerge_adapter()  # type: ignore[operator]
 
 
+def vllm_adapter(model: nn.Module, max_rank: int | None) -> tuple[dict[str, Tensor], dict[str, Any]] | None:
+    """A PEFT policy's active LoRA adapter as vLLM loads one: ``(weights under PEFT's saved names, its
+    adapter_config as a dict)``; None where the server takes no adapter (``max_rank`` None) or vLLM's LoRA
+    cannot apply this one (not plain LoRA: DoRA, ``modules_to_save``, per-module ranks; a rank above the
+    server's), which then gets the merged weights (:func:`vllm_state_dict`)."""
+    if max_rank is None or not is_peft_model(model):
+        return None
+    from peft import get_peft_model_state_dict
+
+    peft: Any = model
+    name: str = peft.active_adapter
+    config: Any = peft.peft_config[name]
+    plain = config.peft_type == "LORA" and not getattr(config, "use_dora", False)
+    plain = plain and not config.modules_to_save and not getattr(config, "rank_pattern", None)
+    if not plain or int(config.r) > max_rank or getattr(config, "alpha_pattern", None):
+        return None
+    weights = get_peft_model_state_dict(model, adapter_name=name)
+    return {key: value.detach() for key, value in weights.items()}, config.to_dict()
+
+
 def _once(named: Any) -> dict[str, Tensor]:
     """Each tensor detached; a tied weight's second name gets a copy (safetensors refuses shared memory,
     and vLLM's layer-wise reload waits for every name its checkpoint format has)."""
@@ -125,7 +145,11 @@ class VLLMSampler(SamplingEngine):
         if not self.shared or not distributed or torch.distributed.get_rank() == 0:
             try:
                 self.instance = self.client.instance()  # asked first: a restart after it shows at the next call
-                self.client.update_weights(vllm_state_dict(model).items())
+                adapter = vllm_adapter(model, self.client.max_lora_rank()) if self.shared else None
+                if adapter is not None:  # a LoRA policy to a server that takes adapters: the adapter alone
+                    self.client.load_adapter(*adapter)
+                else:
+                    self.client.update_weights(vllm_state_dict(model).items())
                 if self.probe is not None:
                     self.check(model)
             except (RuntimeError, ConnectionError) as error:

@@ -5,7 +5,9 @@ start-up id, so a trainer notices a restart and sends its weights again; ``/get_
 ``/generate/`` with TRL's request and response fields, ``/reset_prefix_cache/``), so a client written
 for either server reads the other's answers; weights move by an endpoint of ours, ``/update_weights/``,
 whose body is a safetensors file of named tensors (the trainer's names, or an adapter's merged
-weights), handed to vLLM's own reload (``collective_rpc("reload_weights", weights_iterator=...)``):
+weights), handed to vLLM's own reload; with ``--enable_lora true`` a LoRA policy's adapter alone, by
+``/load_adapter/`` (a safetensors file of its weights, its ``adapter_config.json`` in the metadata), loaded
+as a vLLM LoRA adapter that every request then uses (``collective_rpc("reload_weights", weights_iterator=...)``):
 TRL's path, an NCCL communicator between trainer and server, does not exist on a CPU, and vLLM's CPU
 backend prepacks linear weights, so writing parameters in place would change nothing.
 
@@ -59,6 +61,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log_level", default="info")
     p.add_argument("--vllm_model_impl", default="vllm")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--enable_lora",
+        type=_bool,
+        default=False,
+        help="Take a LoRA policy's adapter as it trains (/load_adapter/), not its merged weights.",
+    )
+    p.add_argument("--max_lora_rank", type=int, default=64, help="The largest adapter rank --enable_lora takes.")
     return p
 
 
@@ -96,6 +105,7 @@ def build_engine(args: argparse.Namespace, enable_sleep_mode: bool = False) -> A
         seed=args.seed,
         logprobs_mode="processed_logprobs",
         **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
+        **({"enable_lora": True, "max_lora_rank": args.max_lora_rank, "max_loras": 1} if args.enable_lora else {}),
     )
 
 
@@ -117,9 +127,10 @@ def sampling_params(request: dict[str, Any]) -> Any:
     return SamplingParams(**values)
 
 
-def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+def generate(llm: Any, request: dict[str, Any], adapter: Any = None) -> dict[str, Any]:
     """TRL's ``/generate/``: token-id (or text) prompts -> each completion's ids and the sampled tokens'
-    log-probs; with ``seeds`` (ours: one per prompt), prompt ``i``'s ``n`` samples come from seed ``seeds[i]``."""
+    log-probs; with ``seeds`` (ours: one per prompt), prompt ``i``'s ``n`` samples come from seed ``seeds[i]``;
+    ``adapter``: the policy's LoRA adapter (a vLLM ``LoRARequest``), None for the weights alone."""
     prompts = request["prompts"]
     rows = [{"prompt_token_ids": p} if isinstance(p, list) else {"prompt": p} for p in prompts]
     seeds: Sequence[int] | None = request.get("seeds")
@@ -136,7 +147,7 @@ def generate(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     if seeds is not None:
         for one, seed in zip(params, seeds, strict=True):
             one.seed = int(seed)
-    outputs = llm.generate(rows, sampling_params=params, use_tqdm=False)
+    outputs = llm.generate(rows, sampling_params=params, use_tqdm=False, lora_request=adapter)
     completion_ids, logprobs, logprob_ids = [], [], []
     for output in outputs:
         for sample in output.outputs:
@@ -162,16 +173,78 @@ def load_weights(llm: Any, named: Iterable[tuple[str, Any]]) -> int:
     return len(tensors)
 
 
-def build_app(llm: Any, world_size: int) -> Any:
+class Adapters:
+    """The policy's LoRA adapter as the trainer last sent it (``/load_adapter/``): each version written to a
+    folder of its own (vLLM loads adapters from disk) and loaded under a new id, the one before removed."""
+
+    def __init__(self, llm: Any, max_rank: int | None) -> None:
+        import tempfile
+
+        self.llm, self.max_rank = llm, max_rank
+        self.folder = tempfile.mkdtemp(prefix="rloo-adapters-")
+        self.current: Any = None  # the LoRARequest generation uses
+        self.version = 0  # adapters loaded so far: each gets a new id and folder
+
+    def load(self, body: bytes) -> dict[str, int]:
+        """A safetensors file of the adapter's weights (PEFT's names) whose metadata ``adapter_config`` is its
+        ``adapter_config.json``: written, loaded into the engine, and used from the next request on."""
+        import json
+        import shutil
+
+        from safetensors import safe_open
+        from vllm.lora.request import LoRARequest
+
+        if self.max_rank is None:
+            raise ValueError("this server takes no adapters: start it with --enable_lora true")
+        self.version += 1
+        version = self.version
+        path = os.path.join(self.folder, f"v{version}")
+        os.makedirs(path)
+        weights = os.path.join(path, "adapter_model.safetensors")
+        with open(weights, "wb") as file:
+            file.write(body)
+        with safe_open(weights, "pt") as opened:
+            config = json.loads((opened.metadata() or {}).get("adapter_config", "null") or "null")
+            tensors = len(list(opened.keys()))
+        if not isinstance(config, dict):
+            raise ValueError("the adapter's safetensors metadata has no adapter_config (its adapter_config.json)")
+        if int(config.get("r", 0)) > self.max_rank:
+            raise ValueError(
+                f"the adapter's rank r={config['r']} is above the server's --max_lora_rank {self.max_rank}"
+            )
+        with open(os.path.join(path, "adapter_config.json"), "w") as file:
+            json.dump(config, file)
+        request = LoRARequest(f"rloo-policy-{version}", version, path)
+        self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails this request, not a batch
+        old, self.current = self.current, request
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return {"tensors": tensors, "version": version}
+
+    def drop(self) -> None:
+        """Full weights arrived (``/update_weights/``): they are the whole policy, generate without an adapter."""
+        import shutil
+
+        if self.current is not None:
+            self.llm.llm_engine.remove_lora(self.current.lora_int_id)
+            shutil.rmtree(self.current.lora_path, ignore_errors=True)
+            self.current = None
+
+
+def build_app(llm: Any, world_size: int, max_lora_rank: int | None = None) -> Any:
     from fastapi import FastAPI, HTTPException, Request
 
     app = FastAPI()
     lock = threading.Lock()  # one engine call at a time (handlers run in a thread pool)
     instance = uuid.uuid4().hex  # a restarted server has the weights on disk: the trainer sends its own again
 
+    adapters = Adapters(llm, max_lora_rank)
+
     @app.get("/health/")
-    def health() -> dict[str, str]:
-        return {"status": "ok", "instance": instance}
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "instance": instance, "max_lora_rank": max_lora_rank}
 
     @app.get("/get_world_size/")
     def get_world_size() -> dict[str, int]:
@@ -181,7 +254,7 @@ def build_app(llm: Any, world_size: int) -> Any:
     def generate_endpoint(request: dict[str, Any]) -> dict[str, Any]:
         try:
             with lock:
-                return generate(llm, request)
+                return generate(llm, request, adapters.current)
         except (ValueError, TypeError, KeyError) as error:
             raise HTTPException(status_code=400, detail=str(error)) from None
         except Exception as error:  # the engine failed: the trainer's message names why (a bare 500 before)
@@ -196,9 +269,21 @@ def build_app(llm: Any, world_size: int) -> Any:
         body = await request.body()
         try:
             with lock:
+                adapters.drop()
                 return {"tensors": load_weights(llm, load(body).items())}
         except (ValueError, KeyError, RuntimeError) as error:
             raise HTTPException(status_code=400, detail=f"weights not loaded: {error}") from None
+
+    @app.post("/load_adapter/")
+    async def load_adapter_endpoint(request: Request) -> dict[str, int]:
+        body = await request.body()
+        try:
+            with lock:
+                return adapters.load(body)
+        except Exception as error:  # a malformed file, a rank or module vLLM refuses
+            raise HTTPException(
+                status_code=400, detail=f"adapter not loaded: {type(error).__name__}: {error}"
+            ) from None
 
     @app.post("/reset_prefix_cache/")
     def reset_prefix_cache() -> dict[str, bool]:
@@ -212,7 +297,8 @@ def build_app(llm: Any, world_size: int) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     llm = build_engine(args)
-    app = build_app(llm, args.tensor_parallel_size * args.data_parallel_size)
+    lora_rank = args.max_lora_rank if args.enable_lora else None
+    app = build_app(llm, args.tensor_parallel_size * args.data_parallel_size, lora_rank)
     import uvicorn
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
