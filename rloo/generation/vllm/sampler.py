@@ -44,7 +44,7 @@ from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout, SamplingEngine, left_pad
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.sync_check import ProbeTolerance, check_weight_sync, probe_logprobs
-from rloo.generation.vllm.client import ServerLost, VLLMClient
+from rloo.generation.vllm.client import ServerLost, ServerTimeout, VLLMClient, VLLMServerError
 
 # the most the server's and rloo's log-probs of the probe's tokens may differ after a sync (nats): another
 # engine's kernels, in float32; in bf16/fp16 (autocast or half weights) rounding alone reaches ~0.016 on an
@@ -126,6 +126,7 @@ class VLLMSampler(SamplingEngine):
         self.probe: list[int] | None = None
         self.last_gap: float | None = None
         self.instance: str | None = None  # the server's start-up id when the weights were last sent
+        self.adapter_refused = False  # the server refused the LoRA adapter: merged weights from then on
 
     def sync(self, model: nn.Module, step: int) -> None:
         """Send ``model``'s weights unless they were sent at this ``step`` (to this server: one process alone
@@ -145,10 +146,7 @@ class VLLMSampler(SamplingEngine):
         if not self.shared or not distributed or torch.distributed.get_rank() == 0:
             try:
                 self.instance = self.client.instance()  # asked first: a restart after it shows at the next call
-                adapter = vllm_adapter(model, self.client.max_lora_rank()) if self.shared else None
-                if adapter is not None:  # a LoRA policy to a server that takes adapters: the adapter alone
-                    self.client.load_adapter(*adapter)
-                else:
+                if not self._sent_adapter(model):
                     self.client.update_weights(vllm_state_dict(model).items())
                 if self.probe is not None:
                     self.check(model)
@@ -162,6 +160,23 @@ class VLLMSampler(SamplingEngine):
             if box[0] is not None:
                 raise RuntimeError(box[0])
         self._sent_model, self.synced_step = weakref.ref(model), step
+
+    def _sent_adapter(self, model: nn.Module) -> bool:
+        """Send a LoRA policy's adapter alone to a server that takes adapters (:func:`vllm_adapter`); False when
+        the merged weights must go instead, as for good once the server refused the adapter (warned: a target
+        module or rank vLLM's LoRA does not take)."""
+        adapter = vllm_adapter(model, self.client.max_lora_rank()) if self.shared and not self.adapter_refused else None
+        if adapter is None:
+            return False
+        try:
+            self.client.load_adapter(*adapter)
+        except VLLMServerError as error:
+            if isinstance(error, ServerLost | ServerTimeout):
+                raise
+            self.adapter_refused = True
+            _warn(f"{error}: the policy's weights go to the server merged from now on (the bytes of the whole model)")
+            return False
+        return True
 
     def _alone(self) -> bool:
         """The only process using the server (no collective to keep in step): it may ask, wait and resend."""
