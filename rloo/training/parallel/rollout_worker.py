@@ -95,10 +95,14 @@ def ended(exitcode: int | None) -> str:
 
 def failure(step: int, pid: int | None, trace: str, sampling: bool = True) -> RuntimeError:
     """The error for a worker's ``("error", step, traceback)`` (``sampling`` False: it failed outside a batch,
-    loading weights before the batch of ``step``, and ended): :class:`WorkerOutOfMemory` when it ran out of
-    memory (the run replaces it), else a ``RuntimeError`` with the traceback (the run stops)."""
+    starting up or loading weights before the batch of ``step``, and ended): :class:`WorkerOutOfMemory` when it
+    ran out of memory (the run replaces it), else a ``RuntimeError`` with the traceback (the run stops)."""
     last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
-    doing = f"sampling the batch of step {step}" if sampling else f"loading new weights before the batch of step {step}"
+    doing = (
+        f"sampling the batch of step {step}"
+        if sampling
+        else f"starting up or loading new weights before the batch of step {step}"
+    )
     if any(name in last for name in OOM_ERRORS):
         return WorkerOutOfMemory(
             f"the rollout worker (pid {pid}) ran out of memory {doing} ({last.strip()}): {LESS_MEMORY}"

@@ -78,11 +78,13 @@ def test_a_worker_that_failed_loading_weights_and_ended_is_named_so() -> None:
     """A worker whose loop failed outside a batch answers ``("error", None, traceback)`` and ends: named as
     failing before the batch the trainer waits for, replaced when it ran out of memory, else the run stops."""
     worker = handle(GoneProcess(1), ("error", None, CPU_OOM_TRACE))
-    with pytest.raises(WorkerOutOfMemory, match="ran out of memory loading new weights before the batch of step 5"):
+    with pytest.raises(
+        WorkerOutOfMemory, match="ran out of memory starting up or loading new weights before the batch of step 5"
+    ):
         worker.receive(5)
     worker = handle(GoneProcess(1), ("error", None, "Traceback ...\nValueError: bad layout\n"))
     with pytest.raises(
-        RuntimeError, match=r"failed loading new weights before the batch of step 5:\n(.|\n)*bad layout"
+        RuntimeError, match=r"failed starting up or loading new weights before the batch of step 5:\n(.|\n)*bad layout"
     ):
         worker.receive(5)
 

@@ -246,8 +246,8 @@ def test_a_worker_that_runs_out_of_memory_is_replaced_saying_so(tmp_path: Path) 
     t.rollouts.request_through = starve_then_request
     with pytest.warns(
         UserWarning,
-        match=r"rollout worker \(pid \d+\) ran out of memory loading new weights before the batch of step 2 "
-        r"\(RuntimeError: .*can't allocate memory.*starting a new worker",
+        match=r"rollout worker \(pid \d+\) ran out of memory starting up or loading new weights before the batch of "
+        r"step 2 \(RuntimeError: .*can't allocate memory.*starting a new worker",
     ):
         t.train()
     assert t.rollouts.restarts == 1 and t.state.global_step == 3
