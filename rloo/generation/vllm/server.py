@@ -5,11 +5,11 @@ start-up id, so a trainer notices a restart and sends its weights again; ``/get_
 ``/generate/`` with TRL's request and response fields, ``/reset_prefix_cache/``), so a client written
 for either server reads the other's answers; weights move by an endpoint of ours, ``/update_weights/``,
 whose body is a safetensors file of named tensors (the trainer's names, or an adapter's merged
-weights), handed to vLLM's own reload; with ``--enable_lora true`` a LoRA policy's adapter alone, by
-``/load_adapter/`` (a safetensors file of its weights, its ``adapter_config.json`` in the metadata), loaded
-as a vLLM LoRA adapter that every request then uses (``collective_rpc("reload_weights", weights_iterator=...)``):
+weights), handed to vLLM's own reload (``collective_rpc("reload_weights", weights_iterator=...)``):
 TRL's path, an NCCL communicator between trainer and server, does not exist on a CPU, and vLLM's CPU
-backend prepacks linear weights, so writing parameters in place would change nothing.
+backend prepacks linear weights, so writing parameters in place would change nothing. With
+``--enable_lora true`` a LoRA policy's adapter goes alone, by ``/load_adapter/`` (a safetensors file of its
+weights, its ``adapter_config.json`` in the metadata), loaded as a vLLM LoRA adapter every request then uses.
 
 This module runs in vLLM's own environment (``make vllm``: vLLM pins torch and transformers), so it
 imports vLLM, FastAPI, uvicorn, torch and safetensors only, never the rest of rloo.
@@ -187,12 +187,9 @@ class Adapters:
 
     def load(self, body: bytes) -> dict[str, int]:
         """A safetensors file of the adapter's weights (PEFT's names) whose metadata ``adapter_config`` is its
-        ``adapter_config.json``: written, loaded into the engine, and used from the next request on."""
-        import json
+        ``adapter_config.json``: written, loaded into the engine, and used from the next request on (a file
+        that fails is removed)."""
         import shutil
-
-        from safetensors import safe_open
-        from vllm.lora.request import LoRARequest
 
         if self.max_rank is None:
             raise ValueError("this server takes no adapters: start it with --enable_lora true")
@@ -200,6 +197,26 @@ class Adapters:
         version = self.version
         path = os.path.join(self.folder, f"v{version}")
         os.makedirs(path)
+        try:
+            request, tensors = self._write(body, path, version)
+            self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails this request, not a batch
+        except Exception:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        old, self.current = self.current, request
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return {"tensors": tensors, "version": version}
+
+    def _write(self, body: bytes, path: str, version: int) -> tuple[Any, int]:
+        """The adapter's files in ``path``, checked: its ``LoRARequest`` and how many tensors it holds."""
+        import json
+
+        from safetensors import safe_open
+        from vllm.lora.request import LoRARequest
+
         weights = os.path.join(path, "adapter_model.safetensors")
         with open(weights, "wb") as file:
             file.write(body)
@@ -208,20 +225,13 @@ class Adapters:
             tensors = len(list(opened.keys()))
         if not isinstance(config, dict):
             raise ValueError("the adapter's safetensors metadata has no adapter_config (its adapter_config.json)")
-        if int(config.get("r", 0)) > self.max_rank:
+        if self.max_rank is not None and int(config.get("r", 0)) > self.max_rank:
             raise ValueError(
                 f"the adapter's rank r={config['r']} is above the server's --max_lora_rank {self.max_rank}"
             )
         with open(os.path.join(path, "adapter_config.json"), "w") as file:
             json.dump(config, file)
-        request = LoRARequest(f"rloo-policy-{version}", version, path)
-        self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails this request, not a batch
-        old, self.current = self.current, request
-        if old is not None:
-            self.llm.llm_engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
-        self.llm.reset_prefix_cache()
-        return {"tensors": tensors, "version": version}
+        return LoRARequest(f"rloo-policy-{version}", version, path), tensors
 
     def drop(self) -> None:
         """Full weights arrived (``/update_weights/``): they are the whole policy, generate without an adapter."""
