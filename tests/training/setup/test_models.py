@@ -241,7 +241,9 @@ def test_a_peft_model_trains_its_adapters_against_the_adapters_disabled_referenc
     changed = {name for name, p in loaded.named_parameters() if not torch.equal(p, before[name])}
     assert changed and all("lora_" in name for name in changed)
     logs = [row for row in trainer.state.log_history if "reward" in row]
-    assert all(row["kl"] >= 0 for row in logs) and any(row["kl"] > 0 for row in logs)
+    # the adapters start at zero (B = 0): the policy is its reference, KL exactly 0; once they train it is not.
+    # k1's batch mean may be either sign (it was asserted >= 0 here: flaky, the value moves with thread counts)
+    assert logs[0]["kl"] == 0.0 and logs[-1]["kl"] != 0.0, [row["kl"] for row in logs]
     assert (tmp_path / "run" / "final" / "adapter_model.safetensors").exists()
 
 
