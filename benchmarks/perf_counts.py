@@ -6,8 +6,10 @@
 Timings on a shared machine are too noisy to gate on; these counts are exact. For a few fixed tiny cases
 (:data:`CASES`: completions of fixed lengths, varied lengths ending at EOS, long prompts; the padding-free
 and the shared-prompt layouts; one case with ``num_iterations=2``), a real ``RLOOTrainer`` trains two
-generation batches (beta > 0: the reference pass and the KL reward's policy pass run) and, per phase
-(``sampling``, ``logprobs``, ``update``: the trainer's timer names ``rollout``, ``logprobs``, ``update``):
+generation batches (beta > 0: the reference pass runs, and the KL reward's policy side comes from the old
+log-prob pass with ``num_iterations=2``, from the update's one pass otherwise) and, per phase (``sampling``,
+``logprobs``, ``advantages``, ``update``: the trainer's timer names ``rollout``, ``logprobs``, ``advantages``,
+``update``; a one-pass step completes its batch, advantages included, inside ``update``):
 
 - ``forwards``, ``rows``: the model's forward calls (policy and reference) and the rows they took;
   ``reference_forwards`` of them the reference's; ``decode_steps``: sampling forwards of one token a row;
@@ -70,7 +72,8 @@ TOLERANCE = 0.05
 CHECK_EVERY = 8  # the sampler's finished check, as on a GPU (rloo.generation.decoding.CUDA_CHECK_EVERY)
 DECODE_STEPS = (8, 24)  # the two rollout lengths whose difference is the decode step's count
 NEVER = 1e-9  # the EOS probability per step of a model whose completions run to the limit
-PHASES = {"rollout": "sampling", "logprobs": "logprobs", "update": "update"}  # the trainer's timer -> ours
+# the trainer's timer -> ours
+PHASES = {"rollout": "sampling", "logprobs": "logprobs", "advantages": "advantages", "update": "update"}
 
 
 @dataclass(frozen=True)

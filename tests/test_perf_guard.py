@@ -71,6 +71,15 @@ def test_the_kl_rewards_policy_side_is_the_old_log_prob_pass_where_that_runs(col
     assert policy == without_kl["logprobs/forwards"] > 0
 
 
+def test_a_one_pass_steps_kl_reward_takes_its_policy_side_from_the_update(collected: dict[str, Any]) -> None:
+    # issue 40: one optimizer step of one pass on the batch (the fixed and long-prompt cases): its forward gives
+    # the KL's policy side, so phase 3 runs the reference's forwards only (before: as many of the policy's too)
+    for name in ("fixed", "long-prompt"):
+        counts = collected["counts"][name]
+        assert counts["logprobs/forwards"] == counts["logprobs/reference_forwards"] > 0, name
+        assert counts["update/rows"] == counts["logprobs/rows"], name  # every row trains: none skipped unseen
+
+
 def rose(base: dict[str, float], now: dict[str, float], case: str) -> list[str]:
     """The counts of ``now`` that rose over the same counts of ``base`` (the guard's rule)."""
     rises, _ = perf_counts.compare({case: {k: v for k, v in base.items() if k in now}}, {case: now})

@@ -50,7 +50,7 @@ from rloo.training.metrics import (
     nonzero_advantage_tokens,
 )
 from rloo.training.parallel.distributed import Ranks
-from rloo.training.passes import TrainBatch, max_rows_per_pass, no_grad_logprobs
+from rloo.training.passes import PendingBatch, TrainBatch, max_rows_per_pass, no_grad_logprobs
 from rloo.training.setup.models import reference_mode
 
 
@@ -62,6 +62,7 @@ class StoredLogprobs:
 
     old: Tensor | None
     reference: Tensor | None
+    pending: bool = False  # the old ones are to come from the batch's one training pass (:class:`PendingBatch`)
 
 
 @dataclass(kw_only=True)
@@ -106,11 +107,13 @@ class ExperienceMaker:
                 "vllm_importance_sampling_correction=False to silence this"
             )
 
-    def logprobs(self, rollout: Rollout) -> StoredLogprobs:
+    def logprobs(self, rollout: Rollout, from_update: bool = False) -> StoredLogprobs:
         """Phase 3: the reference's log-probs when beta > 0, the old ones when the batch feeds more
         than one optimizer step or the KL is a reward penalty (it is then ``k(old, reference)``, both
         from the same passes; the sampler's one-token decode log-probs differ from a batched forward's
-        in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``."""
+        in the last bits, in bf16 far more); each in passes within ``max_logits_memory_mb``.
+        ``from_update``: the batch's one optimizer step is one pass (:meth:`rloo.training.update.Updater.one_pass`):
+        old log-probs it needs are left ``pending``, to be that pass's own (a whole forward saved)."""
         reference = self.reference_logprobs(rollout) if self.spec.beta > 0 else None
         old = None
         # off-policy log-probs (vLLM's, older weights'): rloo's own feed the KL's policy side and the
@@ -118,6 +121,8 @@ class ExperienceMaker:
         engines = self.off_policy and (reference is not None or self.correct_engines)
         reused = self.args.optimizer_steps_per_generation > 1 or engines
         if reused or (reference is not None and self.spec.reward_beta > 0):
+            if from_update and self.args.optimizer_steps_per_generation == 1:
+                return StoredLogprobs(None, reference, pending=True)
             old = no_grad_logprobs(
                 self.model(),
                 rollout,
@@ -131,10 +136,13 @@ class ExperienceMaker:
             )
         return StoredLogprobs(old, reference)
 
-    def train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
+    def train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch | PendingBatch:
         """Phase 4 for this process's share of a generation batch: rewards clipped, the KL penalty
         where its placement puts it, the estimator's baseline and (``normalize_advantages``) batch
-        normalization, statistics global over processes; the batch's metrics and warnings."""
+        normalization, statistics global over processes; the batch's metrics and warnings. With its old
+        log-probs ``pending``: a :class:`PendingBatch` that does all this once they are known."""
+        if logprobs.pending:
+            return self._pending(scored, logprobs.reference)
         # batch-level statistics span every process's batch
         rewards, loss_mask, per_token_kl, advantages = self._advantages(scored, logprobs, self.ranks.batch_stats)
         metrics = self.batch_metrics(scored, rewards, advantages, per_token_kl, loss_mask)
@@ -169,6 +177,23 @@ class ExperienceMaker:
             sampling_logprobs=rollout.sampling_logprobs if not self.off_policy or self.engine_logprobs else None,
         )
 
+    def _pending(self, scored: ScoredRollout, reference: Tensor | None) -> PendingBatch:
+        metrics: dict[str, float] = {}
+
+        def complete(old: Tensor) -> TrainBatch:
+            batch = self.train_batch(scored, StoredLogprobs(old, reference))
+            assert isinstance(batch, TrainBatch)
+            batch.metrics.update(metrics)
+            return batch
+
+        return PendingBatch(scored.rollout, self._loss_mask(scored.rollout), metrics, complete)
+
+    def _loss_mask(self, rollout: Rollout) -> Tensor:
+        """The tokens that carry loss: sampled ones (inserted tool results are context, never trained on), without
+        truncated completions' with ``mask_truncated_completions``."""
+        loss_mask = rollout.model_mask
+        return mask_truncated(loss_mask, rollout.truncated) if self.spec.mask_truncated_completions else loss_mask
+
     def _advantages(
         self, scored: ScoredRollout, logprobs: StoredLogprobs, stats: BatchStats
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
@@ -177,9 +202,7 @@ class ExperienceMaker:
         spec, rollout = self.spec, scored.rollout
         scorable = scored.rewards.scorable
         rewards = task_rewards(scored, self.args, self.reward_weights)
-        loss_mask = rollout.model_mask  # inserted tokens (tool results) are context, never trained on
-        if spec.mask_truncated_completions:
-            loss_mask = mask_truncated(loss_mask, rollout.truncated)
+        loss_mask = self._loss_mask(rollout)
         per_token_kl = None
         if logprobs.reference is not None:
             sampling_logprobs = logprobs.old if logprobs.old is not None else rollout.sampling_logprobs

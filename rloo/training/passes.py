@@ -27,7 +27,7 @@ from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveInputs, ObjectiveSettings, policy_objective
 from rloo.algo.stats import ClipFractions, masked_mean
 from rloo.forward.lm_head import Autocast, head_is_exact
-from rloo.forward.logprobs import completion_logprobs
+from rloo.forward.logprobs import TokenLogprobs, completion_logprobs
 from rloo.forward.packing import host_to_device
 from rloo.generation.multimodal import VisionInputs
 from rloo.generation.rollout import Rollout
@@ -60,6 +60,31 @@ class TrainBatch:
     @property
     def num_rows(self) -> int:
         return int(self.advantages.shape[0])
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """A generation batch whose one optimizer step is one pass, before its advantages: the old log-probs
+    they need (the KL reward penalty's policy side, the engines' importance weights) are that pass's own,
+    detached, so no no-grad policy forward runs for them. :meth:`rloo.training.update.Updater.step` runs the
+    pass's forward, builds the batch with :attr:`complete`, then the loss and its backward.
+
+    loss_mask: ``(N, Tc)`` as :class:`TrainBatch`'s; metrics: the trainer's metrics of the batch, merged into
+    the completed batch's; complete: ``(N, Tc)`` old log-probs (0 where masked) -> the batch."""
+
+    rollout: Rollout
+    loss_mask: Tensor
+    metrics: dict[str, float]
+    complete: Callable[[Tensor], TrainBatch]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.loss_mask.shape[0])
+
+    def inputs(self, rows: Tensor) -> Pass:
+        """``rows``' forward inputs (advantages 0: not known yet), columns trimmed as :func:`take_rows` trims them."""
+        zeros = self.loss_mask.new_zeros(self.num_rows, dtype=torch.float32)
+        return take_rows(TrainBatch(self.rollout, self.loss_mask, zeros, None, None, {}), rows)
 
 
 @dataclass(frozen=True)
@@ -233,34 +258,20 @@ def no_grad_logprobs(
     return out * rollout.completion_mask
 
 
-def pass_loss(
+def pass_forward(
     model: nn.Module,
     rows: Pass,
     objective: ObjectiveSettings,
-    *,
     temperature: float,
-    total_tokens: float,
-    total_sequences: float,
-    aux_loss_coef: float = 0.0,
-    max_logits_mib: float | None = None,
-    share_prompts: bool = True,
-    padding_free: bool = False,
-    fresh_old: bool = False,
-) -> PassResult:
-    """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
-
-    ``total_tokens`` / ``total_sequences``: the whole optimizer step's. Without stored old
-    log-probs (the batch feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
-    ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
-    load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
-    adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
-    ``max_logits_mib``, ``share_prompts``, ``padding_free``: as :func:`no_grad_logprobs` takes them.
-    ``fresh_old``: the first optimizer step on the batch, where the policy is still the sampling one:
-    the current log-probs, detached, are the old ones (ratio exactly 1) rather than the stored ones,
-    which a differently shaped pass computed (in bf16 their per-token noise, summed over a sequence,
-    could clip an on-policy step); the result carries them, and the stored ones' mean |log ratio|.
-    """
-    current = completion_logprobs(
+    aux_loss_coef: float,
+    max_logits_mib: float | None,
+    share_prompts: bool,
+    padding_free: bool,
+) -> TokenLogprobs:
+    """The forward of :func:`pass_loss`, with gradient: ``rows``' log-probs, entropies (with gradient where
+    the objective has an entropy bonus) and a mixture-of-experts model's load-balancing loss where it is weighted.
+    ``rows``' advantages are not read."""
+    return completion_logprobs(
         model,
         rows.prompt_ids,
         rows.prompt_mask,
@@ -275,6 +286,42 @@ def pass_loss(
         max_logits_mib=max_logits_mib,
         padding_free=padding_free,
     )
+
+
+def pass_loss(
+    model: nn.Module,
+    rows: Pass,
+    objective: ObjectiveSettings,
+    *,
+    temperature: float,
+    total_tokens: float,
+    total_sequences: float,
+    aux_loss_coef: float = 0.0,
+    max_logits_mib: float | None = None,
+    share_prompts: bool = True,
+    padding_free: bool = False,
+    fresh_old: bool = False,
+    current: TokenLogprobs | None = None,
+) -> PassResult:
+    """Forward ``rows`` with gradient and build the loss of :func:`rloo.algo.objective.policy_objective`.
+
+    ``total_tokens`` / ``total_sequences``: the whole optimizer step's. Without stored old
+    log-probs (the batch feeds one optimizer step) the current ones, detached, are the old ones: ratio 1.
+    ``aux_loss_coef`` > 0 (a mixture-of-experts model, ``router_aux_loss_coef``): the model's
+    load-balancing loss is added, weighted by the pass's share of the step's sequences, so the step
+    adds ``coef x`` its row-weighted mean (TRL adds ``coef x`` each micro-batch's, averaged).
+    ``max_logits_mib``, ``share_prompts``, ``padding_free``: as :func:`no_grad_logprobs` takes them.
+    ``fresh_old``: the first optimizer step on the batch, where the policy is still the sampling one:
+    the current log-probs, detached, are the old ones (ratio exactly 1) rather than the stored ones,
+    which a differently shaped pass computed (in bf16 their per-token noise, summed over a sequence,
+    could clip an on-policy step); the result carries them, and the stored ones' mean |log ratio|.
+    ``current``: the pass's forward, already run (:func:`pass_forward`; a one-pass step's, whose log-probs
+    completed the batch this pass takes its advantages from).
+    """
+    if current is None:
+        current = pass_forward(
+            model, rows, objective, temperature, aux_loss_coef, max_logits_mib, share_prompts, padding_free
+        )
     logprobs = current.logprobs.float()
     assert current.entropy is not None
     stored = None if fresh_old else rows.old_logprobs

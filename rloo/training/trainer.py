@@ -7,8 +7,8 @@ each one call in a named timer (``timing/<phase>``, :mod:`rloo.training.timing`)
                 from the rollout source (:mod:`rloo.training.rollouts`: refilled with groups that
                 have a signal with ``dynamic_sampling``), stamped with the policy version that
                 sampled them;
-3.   logprobs   reference log-probs when beta > 0; "old" log-probs only when the batch feeds
-                more than one optimizer step (else the current ones, detached, are it);
+3.   logprobs   reference log-probs when beta > 0; "old" log-probs when the batch feeds more than one
+                optimizer step or the KL is a reward penalty, left to the update's one pass where it is one;
 4.   advantages KL penalty (where its placement puts it) and the baseline of the estimator
                 (phases 3-4: :class:`rloo.training.experience.ExperienceMaker`); then, when due, the
                 completion log and the gradient-variance probe (``diagnostics``);
@@ -80,7 +80,7 @@ from rloo.training.monitoring.progress import TrainingProgress
 from rloo.training.monitoring.signals import StopRequest, TrainingInterrupted, interrupted_message, note_resume
 from rloo.training.monitoring.trackers import accelerator_with_trackers
 from rloo.training.parallel.distributed import Ranks, check_engine
-from rloo.training.passes import TrainBatch, micro_batch_rows
+from rloo.training.passes import PendingBatch, TrainBatch, micro_batch_rows
 from rloo.training.reference_sync import ReferenceSync
 from rloo.training.rollouts.build import rollout_source
 from rloo.training.rollouts.maker import RolloutMaker
@@ -305,15 +305,17 @@ class RLOOTrainer(CallbackMethods):
         timer = self.timer
         with timer("rollout"):  # 1-2. generate and score: the rollout source's next batch
             scored = self._next_rollouts()
-        with timer("logprobs"):  # 3. reference and old log-probs
-            logprobs = self.experience.logprobs(scored.rollout)
-        with timer("advantages"):  # 4. KL penalty, baseline, the batch's metrics
+        one_pass = self.updater.one_pass(scored.rollout)  # its forward can give the batch its old log-probs
+        with timer("logprobs"):  # 3. reference and old log-probs (one pass: the old ones are left to it)
+            logprobs = self.experience.logprobs(scored.rollout, from_update=one_pass)
+        with timer("advantages"):  # 4. KL penalty, baseline, the batch's metrics (pending: in its one pass)
             batch = self._train_batch(scored, logprobs)
         with timer("diagnostics"):  # the completion log and the gradient-variance probe, when due
-            self._diagnose(scored, batch)
+            self._diagnose(scored, batch)  # a pending batch's: once its pass completes it, before its backward
         for n, step_rows in enumerate(self._optimizer_steps(batch)):
             with timer("update"):  # 5. forward/backward passes and the optimizer step (the first on-policy)
-                outcome = self.updater.step(batch, step_rows, self.state.global_step, first=n == 0)
+                diagnose = functools.partial(self._diagnose, scored)
+                outcome = self.updater.step(batch, step_rows, self.state.global_step, n == 0, diagnose)
                 batch = outcome.batch  # the first step's fresh old log-probs, for the later steps
             with timer("log"):  # 6. log, evaluate, save
                 self._finish_step({**batch.metrics, **outcome.metrics}, outcome.skipped)
@@ -331,7 +333,7 @@ class RLOOTrainer(CallbackMethods):
         self.timer.record("score", scored.score_seconds)
         return scored
 
-    def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch:
+    def _train_batch(self, scored: ScoredRollout, logprobs: StoredLogprobs) -> TrainBatch | PendingBatch:
         step = self.state.global_step
         batch = self.experience.train_batch(scored, logprobs)
         assert scored.policy_version is not None  # stamped by the rollout source, checked by _next_rollouts
@@ -341,8 +343,10 @@ class RLOOTrainer(CallbackMethods):
         self.state.num_input_tokens_seen += self.experience.tokens_seen(scored)
         return batch
 
-    def _diagnose(self, scored: ScoredRollout, batch: TrainBatch) -> None:
+    def _diagnose(self, scored: ScoredRollout, batch: TrainBatch | PendingBatch) -> None:
         args, step = self.args, self.state.global_step
+        if isinstance(batch, PendingBatch):  # no advantages yet: diagnosed once its pass completes it
+            return
         if args.log_completions and (logged := completions_step(args, step, self.state.max_steps)) is not None:
             self.experience.log_completions(logged, scored, batch.advantages)  # the step of its metrics row
         if self.grad_variance is not None and self.grad_variance.due(step):
@@ -351,12 +355,12 @@ class RLOOTrainer(CallbackMethods):
             model, autocast = self.unwrapped_model, self.accelerator.autocast
             batch.metrics.update(self.grad_variance.measure(model, batch, rewards, scorable, autocast))
 
-    def _optimizer_steps(self, batch: TrainBatch) -> Iterator[list[Tensor]]:
+    def _optimizer_steps(self, batch: TrainBatch | PendingBatch) -> Iterator[list[Tensor]]:
         """This process's micro-batches of each optimizer step ``batch`` feeds (``num_iterations``
         passes over it), until ``max_steps`` or a stop request (honoured between generation batches,
         in ``train()``, so the checkpoint it writes resumes exactly)."""
         args = self.args
-        rows = micro_batch_rows(batch.num_rows, args.per_device_train_batch_size, batch.advantages.device)
+        rows = micro_batch_rows(batch.num_rows, args.per_device_train_batch_size, batch.loss_mask.device)
         accumulation = args.gradient_accumulation_steps
         for _ in range(args.num_iterations):
             for start in range(0, len(rows), accumulation):
@@ -393,12 +397,7 @@ class RLOOTrainer(CallbackMethods):
             logs = self.evaluate()
             reward = headline_eval_reward(logs)
             self._raise_alerts(self.health.observe_eval(state.health, state.global_step, reward), logs)
-            weights = checkpoints.full_weights(self.unwrapped_model) if self.best.enabled else None
-            write = functools.partial(self._write_model, weights=weights)
-            best = self.best.observe(state.best_metric, logs, write, self.ranks.on_main)
-            if best is not None:
-                state.best_metric, state.best_global_step = best, state.global_step
-                state.best_model_checkpoint = str(self.best.folder)
+            self.best.track(state, logs, self.unwrapped_model, self._write_model, self.ranks.on_main)
             self._log(logs)
             callbacks.fire("on_evaluate", metrics=logs)
         if checkpoint_due(args, state.global_step, state.max_steps, epoch_ended) or callbacks.requested("should_save"):

@@ -4,7 +4,10 @@ The loss of every pass is normalized by the totals of the whole step, summed ove
 (:mod:`rloo.training.parallel.distributed`); rows with zero advantage skip their backward when that is
 exact (no KL or entropy term in the loss: the step's entropy is then over the trained rows, its clip
 fractions still count the skipped rows' actions, never clipped); the rest is cut into passes that keep
-the logits within ``max_logits_memory_mb``. Gradients are summed over processes once, after the last pass,
+the logits within ``max_logits_memory_mb``. A batch whose one optimizer step is one pass comes pending
+(:class:`rloo.training.passes.PendingBatch`): that pass's forward gives the old log-probs its advantages need
+(the KL reward penalty's policy side), the batch is completed, then the loss is built on the same forward
+and backpropagated; every row is trained. Gradients are summed over processes once, after the last pass,
 then clipped; a step whose loss or gradient is not finite makes no update
 (:class:`rloo.training.monitoring.nonfinite.NonFiniteGuard`), on every process alike.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +27,24 @@ from rloo.algo.losses import count_actions
 from rloo.algo.objective import ObjectiveSettings
 from rloo.config import RLOOConfig
 from rloo.forward.packing import host_to_device
+from rloo.generation.rollout import Rollout
 from rloo.report import metric_names as names
 from rloo.training.metrics import update_metrics
 from rloo.training.monitoring.nonfinite import NonFiniteGuard
 from rloo.training.parallel.distributed import Ranks, reduce_step_metrics
 from rloo.training.parallel.fsdp import clip_grad_norm, is_sharded
-from rloo.training.passes import TrainBatch, max_rows_per_pass, pass_loss, plan_passes, take_rows, trainable_rows
+from rloo.training.passes import (
+    PendingBatch,
+    TrainBatch,
+    max_rows_per_pass,
+    pass_forward,
+    pass_loss,
+    plan_passes,
+    take_rows,
+    trainable_rows,
+)
 from rloo.training.setup.activation_offload import offload_context
+from rloo.training.setup.models import draws_dropout
 from rloo.training.setup.optimization import zero_grads_if_none
 
 
@@ -66,6 +81,17 @@ def router_loss_coef(model: Any, coef: float | None) -> float:
     if coef is None:
         return float(getattr(_text_config(model), "router_aux_loss_coef", 0.0) or 0.0)
     return coef
+
+
+def completed(pending: PendingBatch, rows: Tensor, logprobs: Tensor) -> TrainBatch:
+    """``pending`` completed with the log-probs of its one pass over ``rows`` (``(len(rows), tc)``, in the pass's
+    row order), detached: the batch's old log-probs for its advantages. The batch returned has none stored: it
+    feeds this one optimizer step, whose ratio is then exactly 1 (the current ones, detached, are the old ones)."""
+    rollout = pending.rollout
+    old = rollout.completion_mask.new_zeros(rollout.completion_mask.shape, dtype=torch.float32)
+    old[rows, : logprobs.shape[1]] = logprobs.detach().float()
+    batch = pending.complete(old * rollout.completion_mask)
+    return dataclasses.replace(batch, old_logprobs=None)
 
 
 def compile_for_training(model: Any, args: RLOOConfig) -> Any:
@@ -130,31 +156,74 @@ class Updater:
         # activation_offloading: what each pass's forward saves for its backward waits in CPU memory
         self.offload = offload_context(args.activation_offloading, accelerator.device)
 
-    def step(self, batch: TrainBatch, step_rows: list[Tensor], global_step: int, first: bool = False) -> StepOutcome:
+    def one_pass(self, rollout: Rollout) -> bool:
+        """Whether a generation batch of ``rollout`` trains in one optimizer step of one pass (each process's
+        rows within a pass's): that pass's forward can then give the batch the old log-probs its advantages
+        need, before its backward (:class:`rloo.training.passes.PendingBatch`), and no other forward computes them.
+        Not with dropout drawn in training (``disable_dropout=False``): the advantages would then share the
+        gradient's dropout draw (a separate pass draws its own, as TRL's)."""
+        if self.args.optimizer_steps_per_generation != 1 or draws_dropout(self.model):
+            return False
+        return rollout.completion_ids.shape[0] <= self._max_rows(rollout)
+
+    def _max_rows(self, rollout: Rollout) -> int:
+        """Rows per pass within ``max_logits_memory_mb``; compiled passes take the plain head."""
+        args = self.args
+        cap = args.per_device_train_batch_size
+        autocast = self.accelerator.autocast  # the probe in the passes' precision
+        return max_rows_per_pass(self.model, rollout, args.max_logits_memory_mb, cap, args.torch_compile, autocast)
+
+    def step(
+        self,
+        batch: TrainBatch | PendingBatch,
+        step_rows: list[Tensor],
+        global_step: int,
+        first: bool = False,
+        on_completed: Callable[[TrainBatch], None] | None = None,
+    ) -> StepOutcome:
         """One optimizer step over ``step_rows`` (this process's micro-batches of the step). ``first``: the
         batch's first optimizer step, on-policy: its rows' stored old log-probs are replaced by the training
         pass's own (:func:`pass_loss`'s ``fresh_old``) in the returned batch, which the batch's later steps then
-        compare with (``batch`` itself, frozen, is left as it is)."""
+        compare with (``batch`` itself, frozen, is left as it is). A :class:`PendingBatch` (:meth:`one_pass`) is
+        completed with its pass's log-probs before the loss, then handed to ``on_completed`` before the backward
+        (the weights are still those it was sampled with: the trainer's completion log and gradient-variance
+        probe); the returned batch is the completed one."""
         args = self.args
-        fresh_old = batch.old_logprobs.clone() if first and batch.old_logprobs is not None else None
-        # rows per pass within max_logits_memory_mb; compiled passes take the plain head
-        cap = args.per_device_train_batch_size
-        max_rows = max_rows_per_pass(
-            self.model,
-            batch.rollout,
-            args.max_logits_memory_mb,
-            cap,
-            args.torch_compile,
-            autocast=self.accelerator.autocast,  # the probe in the passes' precision
-        )
-        all_rows = torch.cat(step_rows)
-        active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
+        fresh_old, all_rows = None, torch.cat(step_rows)
+        if isinstance(batch, PendingBatch):
+            active = all_rows  # every row takes its one pass: no advantages to skip rows by yet
+        else:
+            if first and batch.old_logprobs is not None:
+                fresh_old = batch.old_logprobs.clone()
+            active = trainable_rows(all_rows, batch.advantages, self.exact_skip)
         tokens, sequences, trained = self.ranks.sum(
             [float(batch.loss_mask[all_rows].sum()), float(all_rows.numel()), float(active.numel())]
         )
         self.model.train()
         lengths = [int(n) for n in batch.rollout.completion_mask.sum(dim=1).tolist()]
-        passes = [host_to_device(rows, all_rows.device) for rows in plan_passes(active.tolist(), lengths, max_rows)]
+        planned = plan_passes(active.tolist(), lengths, self._max_rows(batch.rollout))
+        passes = [host_to_device(rows, all_rows.device) for rows in planned]
+        share = not self.ranks.lockstep  # lockstep (FSDP): the same forwards everywhere
+        packing = args.padding_free and share
+        current = None
+        if isinstance(batch, PendingBatch):
+            (rows,) = passes  # one pass (one_pass): its forward's log-probs complete the batch
+            with self.accelerator.autocast(), self.offload():
+                inputs = batch.inputs(rows)
+                current = pass_forward(
+                    self.forward_model,
+                    inputs,
+                    self.objective,
+                    args.temperature,
+                    self.aux_loss_coef,
+                    args.max_logits_memory_mb,
+                    share,
+                    packing,
+                )
+            batch = completed(batch, rows, current.logprobs)
+            if on_completed is not None:
+                on_completed(batch)
+        assert isinstance(batch, TrainBatch)
         results = []
         for i in range(self.ranks.count_everywhere(len(passes))):
             filler = i >= len(passes)  # lockstep (FSDP): a pass whose loss counts 0, on any row
@@ -168,11 +237,14 @@ class Updater:
                     total_sequences=sequences,
                     aux_loss_coef=self.aux_loss_coef,
                     max_logits_mib=args.max_logits_memory_mb,
-                    share_prompts=not self.ranks.lockstep,  # lockstep: the same forwards everywhere
-                    padding_free=args.padding_free and not self.ranks.lockstep,
+                    share_prompts=share,
+                    padding_free=packing,
                     fresh_old=fresh_old is not None,
+                    current=current if i == 0 else None,
                 )
-            self.accelerator.backward(result.loss * 0.0 if filler else result.loss)
+            loss = result.loss * 0.0 if filler else result.loss
+            if loss.requires_grad:  # else a pass of empty completions only: no token scored, a constant loss
+                self.accelerator.backward(loss)
             if not filler:
                 results.append(result)
                 if result.current is not None and fresh_old is not None:

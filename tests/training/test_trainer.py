@@ -143,8 +143,8 @@ def test_a_reused_batchs_first_step_is_on_policy_whatever_the_stored_old_logprob
     t = trainer(tmp_path, max_steps=1, num_iterations=2, epsilon=0.05, logging_steps=1)
     original = t.experience.logprobs
 
-    def noisy(rollout: Any) -> Any:
-        stored = original(rollout)
+    def noisy(rollout: Any, **kwargs: Any) -> Any:
+        stored = original(rollout, **kwargs)
         stored.old.add_(0.05)
         return stored
 
@@ -162,14 +162,14 @@ def test_the_first_step_hands_its_fresh_old_logprobs_on_and_leaves_the_frozen_ba
     original_logprobs, original_step = t.experience.logprobs, t.updater.step
     seen: list[tuple[bool, Any, Any, Any, Any]] = []
 
-    def noisy(rollout: Any) -> Any:
-        stored = original_logprobs(rollout)
+    def noisy(rollout: Any, **kwargs: Any) -> Any:
+        stored = original_logprobs(rollout, **kwargs)
         stored.old.add_(0.05)
         return stored
 
-    def spy(batch: Any, rows: Any, step: int, first: bool = False) -> Any:
+    def spy(batch: Any, rows: Any, step: int, first: bool = False, on_completed: Any = None) -> Any:
         given = batch.old_logprobs.clone()
-        outcome = original_step(batch, rows, step, first)
+        outcome = original_step(batch, rows, step, first, on_completed)
         seen.append((first, given, batch.old_logprobs, outcome.batch.old_logprobs, batch.rollout.completion_mask))
         return outcome
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rloo.training.checkpointing.checkpoints import load_model_weights
+from rloo.training.checkpointing.checkpoints import full_weights, load_model_weights
 
 
 def metric_name(args: Any) -> str:
@@ -65,6 +65,18 @@ class BestModel:
             return None
         on_main(lambda: self._replace(write))
         return value
+
+    def track(
+        self, state: Any, logs: dict[str, float], model: Any, write: Callable[..., Any], on_main: Callable[[Any], Any]
+    ) -> None:
+        """:meth:`observe` an evaluation and record a new best in the trainer ``state`` (``best_metric``,
+        ``best_global_step``, ``best_model_checkpoint``). ``model``'s full weights are gathered on every process
+        (sharded under FSDP) and a new best is written with ``write(folder, weights=...)``."""
+        weights = full_weights(model) if self.enabled else None
+        best = self.observe(state.best_metric, logs, lambda folder: write(folder, weights=weights), on_main)
+        if best is not None:
+            state.best_metric, state.best_global_step = best, state.global_step
+            state.best_model_checkpoint = str(self.folder)
 
     def _replace(self, write: Callable[[Path], Any]) -> None:
         tmp = self.folder.with_name("tmp-best")

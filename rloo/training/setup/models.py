@@ -255,6 +255,17 @@ def load_tokenizer(
 DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "hidden_dropout", "layerdrop")
 
 
+def draws_dropout(model: nn.Module) -> bool:
+    """Whether a training forward of ``model`` draws dropout: an ``nn.Dropout`` or a float dropout
+    attribute of a module (:data:`DROPOUT_ATTRIBUTES`) above 0 (:func:`disable_dropout` zeroes them all)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            return True
+        if any(isinstance(p := getattr(module, name, None), float) and p > 0 for name in DROPOUT_ATTRIBUTES):
+            return True
+    return False
+
+
 def disable_dropout(model: nn.Module) -> None:
     """Set every dropout probability to 0: ``nn.Dropout`` modules, float dropout attributes modules
     keep, and the config's (attention dropout included)."""
