@@ -142,4 +142,21 @@ ELSEWHERE: dict[str, str] = {
     "use_bias_correction_kl": "rloo's KL term in the loss is not multiplied by the ratio (with beta=0, TRL GRPO's "
     "default, there is none); remove it",
     "log_completions_hub_repo": "log_completions=True writes output_dir/completions.jsonl; upload it yourself",
+    # TRL 1.16's AsyncGRPOConfig (trl.experimental.async_grpo): max_staleness, weight_sync_steps and
+    # heartbeat_stale_after_s are RLOOConfig's own fields, with their meanings; dtype goes to model_init_kwargs
+    # (rloo.config.trl.passthrough.lift_dtype); its vLLM server's names are the GRPO ones rloo has
+    **dict.fromkeys(
+        ("max_inflight_tasks", "queue_maxsize"),
+        "rloo's asynchronous generation samples whole generation batches ahead, never more than max_staleness of "
+        "them, in rollout_workers processes (or in this one): nothing is generated to be discarded as stale; "
+        "remove it and set max_staleness and rollout_workers",
+    ),
+    "request_timeout": "a vLLM server's requests wait as long as its generation takes, and a server that stops "
+    "answering fails the run at once, naming it; set vllm_server_timeout for its start-up; remove it",
+    "weight_sync_timeout": "a weight sync that fails raises at once, naming the server and its answer (an adapter "
+    "the server refuses falls back to merged weights); remove it",
+    "token_budget": "rloo cuts a micro-batch into passes by max_logits_memory_mb and packs rows end to end "
+    "(padding_free); per_device_train_batch_size bounds the rows; remove it",
+    "fork_threshold_tokens": "rloo appends each tool result to the episode as tokens and never re-tokenizes the "
+    "conversation, so a turn never forks a row; remove it",
 }

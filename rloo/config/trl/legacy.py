@@ -26,7 +26,7 @@ from typing import Any
 from rloo.config.trl.defaults import as_rloo_spelling
 from rloo.config.trl.elsewhere import ELSEWHERE
 from rloo.config.trl.grpo_names import translate_grpo_names
-from rloo.config.trl.passthrough import lift_generation_fields
+from rloo.config.trl.passthrough import lift_dtype, lift_generation_fields
 
 # older TRL name -> today's field, same meaning (TRL v0.22.0 _DEPRECATED_PARAMS)
 RENAMED: dict[str, str] = {
@@ -80,7 +80,8 @@ def unsupported_reason(name: str) -> str | None:
 def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``RLOOConfig`` keywords with each older TRL name replaced by today's, one warning per name used.
 
-    ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`),
+    ``generation_kwargs`` keys with a field of their own move to it (:func:`lift_generation_fields`), TRL
+    AsyncGRPOConfig's ``dtype`` to ``model_init_kwargs`` (:func:`lift_dtype`),
     GRPO's names (``loss_type``, ``scale_rewards``) to rloo's knobs (:mod:`rloo.config.trl.grpo_names`), and
     TRL's spelling of a default to rloo's (``pad_to_multiple_of='auto'``: :mod:`rloo.config.trl.defaults`).
     Raises ``ValueError`` for a refused name, and for an older and a current name of one field
@@ -108,7 +109,7 @@ def accept_older_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             FutureWarning,
             stacklevel=3,
         )
-    return as_rloo_spelling(lift_generation_fields(translate_grpo_names(out)))
+    return as_rloo_spelling(lift_dtype(lift_generation_fields(translate_grpo_names(out))))
 
 
 def reward_funcs_or_reward_model(reward_funcs: Any, reward_model: Any) -> Any:

@@ -55,6 +55,23 @@ def _writable(value: Any) -> bool:
     return False
 
 
+def lift_dtype(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``RLOOConfig`` keywords with TRL AsyncGRPOConfig's ``dtype`` (the policy's load dtype) moved into
+    ``model_init_kwargs``, where rloo's ``from_pretrained`` keywords are; a ``dtype`` already in
+    ``model_init_kwargs`` wins, as in TRL."""
+    out = dict(kwargs)
+    if "dtype" not in out:
+        return out
+    dtype, init = out.pop("dtype"), out.get("model_init_kwargs")
+    if isinstance(init, str):
+        raise ValueError(
+            f"RLOOConfig(dtype={dtype!r}) goes into model_init_kwargs, given here as a string: give model_init_kwargs "
+            "as a mapping, with its dtype"
+        )
+    out["model_init_kwargs"] = {"dtype": dtype, **(init or {})}
+    return out
+
+
 def normalize_init_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` with the dtype as a name under ``dtype``; raises :class:`KwargsError` naming the key."""
     out = dict(kwargs)
