@@ -58,6 +58,11 @@ CASES = {
 }
 
 
+def label(case: BenchCase) -> str:
+    """A case's name on the command line: model, P x K, T (``small-8x8-T64``)."""
+    return f"{case.model}-{case.num_prompts}x{case.num_generations}-T{case.max_completion_length}"
+
+
 def ensure_trl_venv(version: str) -> Path:
     """Create TRL ``version``'s virtual environment once (pip pulls the CPU torch pin first)."""
     venv = HERE / f".venv-trl-{version}"
@@ -144,8 +149,16 @@ def main() -> None:
     parser.add_argument("--trl", default=",".join(TRL_VERSIONS), help="TRL versions to compare against")
     parser.add_argument("--output", default=str(HERE / "results.json"))
     parser.add_argument("--scaling", action="store_true", help="also rloo's step time as K and T grow (tiny)")
+    parser.add_argument("--only", default="", help="comma-separated case labels to keep (e.g. small-8x8-T64)")
     args = parser.parse_args()
     cases = [case for group in args.cases.split(",") for case in CASES[group]]
+    if args.only:
+        wanted = set(args.only.split(","))
+        cases = [case for case in cases if label(case) in wanted]
+        if not cases:
+            parser.error(
+                f"--only {args.only}: no such case; the labels are {[label(c) for g in CASES.values() for c in g]}"
+            )
     if args.quick:
         cases, args.repeats = [c for c in CASES["fixed"] if c.model == "tiny"][:2], 1
     cases = [BenchCase(**{**asdict(c), "steps": args.steps}) for c in cases]
