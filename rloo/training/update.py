@@ -243,7 +243,9 @@ class Updater:
                     current=current if i == 0 else None,
                 )
             loss = result.loss * 0.0 if filler else result.loss
-            if loss.requires_grad:  # else a pass of empty completions only: no token scored, a constant loss
+            # a pass of empty completions only scores no token: a constant loss, nothing to backpropagate (in
+            # lockstep every backward is a collective: it runs, and raises, rather than leave the rest waiting)
+            if loss.requires_grad or self.ranks.lockstep:
                 self.accelerator.backward(loss)
             if not filler:
                 results.append(result)
