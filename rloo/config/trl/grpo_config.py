@@ -6,7 +6,7 @@ TRL's RLOOConfig's 2) and ``preset='trl_grpo'``: group mean/std advantages
 (``scale_rewards='group'``), per-token ratio, ``loss_type='dapo'`` (``token_mean``), ``beta=0``.
 GRPO's own names (``loss_type``, ``scale_rewards``, ``importance_sampling_level``) are accepted by
 both classes (:mod:`rloo.config.trl.grpo_names`). What differs from TRL's GRPO is listed in
-docs/migrating-from-trl.md: no multi-turn tools yet, no CISPO/SAPO/GSPO-style objectives, and
+docs/migrating-from-trl.md: no CISPO/SAPO/GSPO-style objectives, and
 with ``beta > 0`` the KL term is not multiplied by the ratio (TRL's ``use_bias_correction_kl``).
 """
 
