@@ -52,11 +52,15 @@ def _run(
     return run, len(calls)
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"gradient_checkpointing": True}, {"kl_estimator": "k3", "normalize_advantages": True}, {"bf16": True}],
+)
 def test_a_one_pass_step_takes_the_kl_rewards_policy_side_from_its_forward(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any], fresh_accelerate_state: Any
 ) -> None:
-    fused, fused_passes = _run(tmp_path / "fused", monkeypatch, one_pass=True)
-    separate, separate_passes = _run(tmp_path / "separate", monkeypatch, one_pass=False)
+    fused, fused_passes = _run(tmp_path / "fused", monkeypatch, one_pass=True, **overrides)
+    separate, separate_passes = _run(tmp_path / "separate", monkeypatch, one_pass=False, **overrides)
     assert (fused_passes, separate_passes) == (1, 2)  # the reference's, and (before) the policy's own
     a, b = fused.state.log_history[0], separate.state.log_history[0]
     assert a["kl"] != 0.0
