@@ -14,7 +14,15 @@ from typing import Any
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer", "__version__"]
+__all__ = [
+    "AsyncGRPOConfig",
+    "AsyncGRPOTrainer",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,4 +42,12 @@ def __getattr__(name: str) -> Any:
         from rloo.training.grpo_trainer import GRPOTrainer
 
         return GRPOTrainer
+    if name == "AsyncGRPOConfig":  # GRPOConfig with TRL's AsyncGRPOConfig asynchronous defaults
+        from rloo.config.trl.grpo_config import AsyncGRPOConfig
+
+        return AsyncGRPOConfig
+    if name == "AsyncGRPOTrainer":
+        from rloo.training.grpo_trainer import AsyncGRPOTrainer
+
+        return AsyncGRPOTrainer
     raise AttributeError(f"module 'rloo' has no attribute {name!r}")

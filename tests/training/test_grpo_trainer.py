@@ -38,3 +38,22 @@ def test_grpotrainer_without_args_uses_grpoconfig(tmp_path: Path, monkeypatch: p
     trainer = GRPOTrainer(make_model(tok), frac7, None, dataset(), processing_class=tok)
     assert isinstance(trainer.args, GRPOConfig) and trainer.args.preset == "trl_grpo"
     assert isinstance(trainer.args, RLOOConfig) and trainer.args.frozen
+
+
+def test_async_grpo_takes_trls_arguments_in_trls_order_with_its_async_defaults(tmp_path: Path) -> None:
+    # TRL 1.16's AsyncGRPOTrainer(model, reward_funcs, args, train_dataset, processing_class, callbacks, ...):
+    # no eval_dataset, so its fifth argument is the tokenizer; AsyncGRPOConfig samples 4 steps behind (TRL's
+    # max_staleness) in one rollout worker process
+    from rloo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    assert (AsyncGRPOConfig(output_dir=str(tmp_path)).max_staleness, AsyncGRPOConfig().rollout_workers) == (4, 1)
+    tok = make_tokenizer()
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8,
+                           max_completion_length=6, max_steps=2, rollout_workers=0)  # fmt: skip
+    trainer = AsyncGRPOTrainer(make_model(tok), frac7, args, dataset(), tok)
+    assert trainer.processing_class is tok and trainer.args.max_staleness == 4
+    assert trainer.args.algorithm.clip_ratio  # a lagged batch's ratio stays clipped
+    trainer.train()  # in this process (rollout_workers=0: the worker's own process is the system tier's)
+    assert trainer.state.global_step == 2
+    with pytest.raises(ValueError, match=r"AsyncGRPOTrainer\(rollout_worker=\.\.\.\) is TRL's vLLM-side protocol"):
+        AsyncGRPOTrainer(make_model(tok), frac7, args, dataset(), tok, rollout_worker=object())
