@@ -18,7 +18,7 @@ import transformers
 from rloo import RLOOConfig
 from rloo.tiny import DEFAULT_CHARS, build_char_tokenizer, build_tiny_llama
 from tests.helpers.models import tiny_reward_model
-from tests.helpers.vision import build_vision, tiny_image
+from tests.helpers.vision import build_vision, tiny_image, zen_image_sizes
 
 # the Zen of Python, each line cut where a completion would go on (train: 17 rows, test: 2)
 ZEN_TRAIN = [
@@ -71,15 +71,19 @@ def zen_repository(folder: Path, configs: tuple[str, ...] = ("standard_prompt_on
     return folder
 
 
-def zen_image(images_per_row: int = 1, n: int = 6) -> datasets.Dataset:
-    """Conversational prompts with ``images_per_row`` image parts each and an ``images`` column."""
+def zen_image(images_per_row: int = 1, n: int = 6, hub_sizes: bool = False) -> datasets.Dataset:
+    """Conversational prompts with ``images_per_row`` image parts each and an ``images`` column: 28x28
+    images, or (``hub_sizes``) random pixels of the hub dataset's sizes, 32..63 a side."""
+    sized = zen_image_sizes(n * images_per_row) if hub_sizes else []
     rows = []
     for i in range(n):
         parts = [{"type": "image"}] * images_per_row + [{"type": "text", "text": IMAGE_QUESTIONS[i % 6]}]
         rows.append(
             {
                 "prompt": [{"role": "user", "content": parts}],
-                "images": [tiny_image(i + j) for j in range(images_per_row)],
+                "images": [
+                    sized[i * images_per_row + j] if hub_sizes else tiny_image(i + j) for j in range(images_per_row)
+                ],
             }
         )
     return datasets.Dataset.from_list(rows)

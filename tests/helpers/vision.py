@@ -245,6 +245,42 @@ def _llava(next_: bool) -> tuple[Any, Any]:
     return processor, model_class(config)
 
 
+def llava_next_hub_shaped() -> tuple[Any, Any]:
+    """LLaVA-NeXT as TRL's ``trl-internal-testing/tiny-LlavaNextForConditionalGeneration`` is built (TRL's
+    ``scripts/generate_tiny_models``): ``llava-hf/llava-v1.6-mistral-7b-hf``'s configuration and processor
+    settings (336-pixel CLIP crops of 14-pixel patches, its five grid pinpoints, the feature layer -2 of a
+    3-layer tower, a Mistral text model), with hidden sizes of 16 and this module's tokenizer; its
+    intermediate sizes are cut from 14,336 and 4,096 to 64 (they change no shape but the MLPs')."""
+    tokenizer = vision_tokenizer()
+    pinpoints = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+    size = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}
+    image_processor = transformers.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints, **size)
+    processor = transformers.LlavaNextProcessor(
+        image_processor,
+        tokenizer,
+        chat_template=chat_template("<image>"),
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    text = {"model_type": "mistral", "hidden_size": 16, "intermediate_size": 64, "num_hidden_layers": 2}
+    text |= {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 1e6, "sliding_window": None}
+    vision = {"model_type": "clip_vision_model", "hidden_size": 16, "intermediate_size": 64, "num_attention_heads": 4}
+    vision |= {"num_hidden_layers": 3, "image_size": 336, "patch_size": 14, "projection_dim": 768}
+    config = transformers.LlavaNextConfig(
+        text_config=text | {"vocab_size": len(tokenizer), **_ids(tokenizer)},
+        vision_config=vision,
+        image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        **_ids(tokenizer),
+    )
+    return processor, transformers.LlavaNextForConditionalGeneration(config)
+
+
 VISION_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
     "qwen2_5_vl": lambda: _qwen("2.5"),
     "qwen2_vl": lambda: _qwen("2"),
@@ -255,13 +291,15 @@ VISION_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
     "llava": lambda: _llava(next_=False),
     "llava_next": lambda: _llava(next_=True),
 }
+# shapes of TRL's hub test models (their prompts are over a thousand tokens: not in the family checks)
+HUB_SHAPED: dict[str, Callable[[], tuple[Any, Any]]] = {"llava_next_hub_shaped": llava_next_hub_shaped}
 
 
 def build_vision(family: str, seed: int = 0) -> tuple[Any, Any]:
     """``(processor, model)``: a tiny random vision-language model of ``family`` with peaked weights."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        processor, model = VISION_FAMILIES[family]()
+        processor, model = {**VISION_FAMILIES, **HUB_SHAPED}[family]()
         with torch.no_grad():  # larger than the init: each token's context (and image) weighs on its logits
             for module in model.modules():
                 if isinstance(module, torch.nn.Linear):
@@ -279,3 +317,13 @@ def tiny_image(index: int, size: tuple[int, int] = (28, 28)) -> Image.Image:
     generator = torch.Generator().manual_seed(1000 + index)
     pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=generator, dtype=torch.uint8)
     return Image.fromarray(pixels.numpy(), mode="RGB")
+
+
+def zen_image_sizes(n: int, seed: int = 0) -> list[Image.Image]:
+    """``n`` random-pixel images of TRL's ``zen-image`` sizes: height and width each drawn from 32..63."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(32, 64, (n, 2), generator=generator).tolist()
+    return [
+        Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=generator, dtype=torch.uint8).numpy(), mode="RGB")
+        for h, w in sizes
+    ]

@@ -602,6 +602,16 @@ def test_train_vlm(tmp_path: Path, family: str) -> None:
     train_and_check(vlm(tmp_path, family), unused=UNUSED.get(family, ()))
 
 
+def test_train_vlm_llava_next_of_the_hub_shape(tmp_path: Path) -> None:
+    # not a TRL test: TRL's test_train_vlm[tiny-LlavaNext] on that hub model's shape (336-pixel anyres crops,
+    # the feature layer -2 of 3 layers, a Mistral text model) and zen-image's sizes (32..63 a side, so
+    # unpadded image tokens differ per row). A crash was reported on the hub model (a tensor expand, 32
+    # vs 16, K = 2); this reconstruction of it, also trained for an epoch of 17 prompts, does not crash.
+    data = zen_image(hub_sizes=True, n=4)
+    trainer = vlm(tmp_path, "llava_next_hub_shaped", data=data, config={"max_prompt_length": None})
+    train_and_check(trainer, unused=("post_layernorm", "encoder.layers.2."))
+
+
 def test_train_vlm_with_pad_to_multiple_of(tmp_path: Path) -> None:
     # Gemma3 also takes token_type_ids, padded alike
     train_and_check(vlm(tmp_path, "gemma3_vl", config={"pad_to_multiple_of": 7}), unused=UNUSED["gemma3_vl"])
