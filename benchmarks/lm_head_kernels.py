@@ -3,6 +3,8 @@ passes (no gradient) and training passes (forward + backward), time and peak mem
 
     python3 benchmarks/lm_head_kernels.py --out benchmarks/gpu/lm-head-h200.json   # a GPU (about a minute)
     .venv/bin/python benchmarks/lm_head_kernels.py --quick                          # a tiny head on the CPU
+    .venv/bin/python benchmarks/lm_head_kernels.py --vocab 32000 --hidden 512 --rows 64 --tokens 64 \
+        --autocast none --vocab-tiles 32000 --token-tile 2097 --repeats 3          # the CPU benchmark's head
 
 The default shape is Qwen2.5-0.5B's head: V = 151,936, D = 896, 16 rows x 256 tokens (4,096), under bf16
 autocast over float32 weights (rloo's default on a GPU; ``--weights bfloat16`` stores them in bf16), the
@@ -34,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rloo.forward.fused_head import KERNEL_VARIABLE, VOCAB_TILE, fused_logprobs
+from rloo.forward.fused_head import KERNEL_VARIABLE, TOKEN_TILE, VOCAB_TILE, fused_logprobs
 from rloo.forward.lm_head import chunked_head_logprobs
 from rloo.forward.logprobs import TokenScore
 
@@ -52,6 +54,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weights", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--chunk-mib", type=float, default=256.0, help="the chunked head's float32 logits a chunk")
     parser.add_argument("--vocab-tiles", default=str(VOCAB_TILE), help="the fused head's vocabulary tiles, a,b,...")
+    parser.add_argument(
+        "--token-tile", type=int, default=None, help="the fused head's tokens a tile (default: the device's)"
+    )
+    parser.add_argument(
+        "--autocast", choices=["bf16", "none"], default="bf16", help="none: float32 passes, as rloo's CPU default"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -79,6 +87,7 @@ def inputs(options: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "hidden": torch.randn(*shape, options.hidden, generator=gen).to(device),
         "ids": torch.randint(0, options.vocab, shape, generator=gen).to(device),
         "weights": torch.randn(shape, generator=gen).to(device),
+        "autocast": options.autocast == "bf16",
     }
 
 
@@ -92,8 +101,9 @@ def head_call(kernel: str, vocab_tile: int, data: dict[str, Any], options: argpa
 
     def fused(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = hidden.reshape(-1, hidden.shape[-1])
+        token_tile = options.token_tile or TOKEN_TILE
         logprobs, entropy = fused_logprobs(
-            flat, head.weight, None, ids.reshape(-1), TEMPERATURE, True, vocab_tile=vocab_tile
+            flat, head.weight, None, ids.reshape(-1), TEMPERATURE, True, token_tile=token_tile, vocab_tile=vocab_tile
         )
         assert entropy is not None
         return logprobs.view_as(ids), entropy.view_as(ids)
@@ -106,7 +116,8 @@ def run_once(call: Callable[..., Any], data: dict[str, Any], train: bool) -> dic
     head, device = data["head"], data["hidden"].device
     head.zero_grad(set_to_none=True)
     hidden = data["hidden"].detach().requires_grad_(train)
-    with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=torch.bfloat16):
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=data["autocast"])
+    with torch.set_grad_enabled(train), autocast:
         logprobs, entropy = call(hidden)
     if train:
         (logprobs * data["weights"]).sum().backward()
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = (
         f"V {options.vocab}, D {options.hidden}, {options.rows} x {options.tokens} tokens, {options.weights} weights"
     )
-    print(f"{name}: {shape}, bf16 autocast")
+    print(f"{name}: {shape}, {'bf16 autocast' if options.autocast == 'bf16' else 'float32'}")
     cases = [("chunked", 0)] + [("fused", int(tile)) for tile in options.vocab_tiles.split(",")]
     results: list[dict[str, Any]] = []
     asked = os.environ.get(KERNEL_VARIABLE)

@@ -111,7 +111,8 @@ def plan_run(
     lora = None if run.peft is None else build_peft_config(run.peft)
     shape = ModelShape.from_config(load_model_config(run.model))
     cuda = None if device is None else device_bytes(device)[1]
-    work = Workload.from_config(args, length, lora, shards, bf16_default=cuda)
+    device_type = None if cuda is None else "cuda" if cuda else "cpu"
+    work = Workload.from_config(args, length, lora, shards, bf16_default=cuda, device_type=device_type)
     return shape, work, plan_memory(shape, work)
 
 

@@ -12,8 +12,11 @@ into ``grad_h`` and ``grad_W`` accumulated in float32. The chunked head (:mod:`r
 instead makes a float32 ``(n, V)`` copy of each chunk's logits, and again in its checkpoint's backward:
 several GB of float32 traffic per training pass at a 151,936-token vocabulary.
 
-Which head runs is :func:`head_kernel`'s choice (``RLOO_LM_HEAD_KERNEL``, else fused on CUDA where Triton
-imports); which is faster on a GPU is measured by ``benchmarks/lm_head_kernels.py``.
+Which head runs is :func:`head_kernel`'s choice (``RLOO_LM_HEAD_KERNEL``, else fused on a CPU and chunked on
+CUDA); which is faster is measured by ``benchmarks/lm_head_kernels.py`` (on a GPU: not yet). On a CPU a tile
+is the whole vocabulary by as many tokens as ``max_logits_memory_mb`` allows, computed in place in one
+buffer allocated per call: a fresh tensor of that size costs its pages, faulted in and zeroed by the
+kernel, which on a CPU is more than the arithmetic over it.
 
 Why our own and not a library's. TRL 1.16's ``ChunkedLogProbFunction`` (``trl/kernels/chunked_logprob.py``)
 is this design, and it was the model: but TRL is not a dependency of rloo (an extra for benchmarks and
@@ -29,6 +32,7 @@ or quantized head) takes the chunked path too.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Iterator
@@ -104,7 +108,9 @@ class TileGradInputs(NamedTuple):
     grad_entropy: Tensor | None
 
 
-def fold_tile_torch(tile: Tensor, ids: Tensor, stats: FoldStats, vocab_start: int, temperature: float) -> None:
+def fold_tile_torch(
+    tile: Tensor, ids: Tensor, stats: FoldStats, vocab_start: int, temperature: float, scratch: Tensor | None = None
+) -> None:
     """Fold a logits tile ``(n, v)`` (vocabulary columns from ``vocab_start``) into ``stats`` in place, with
     ``z = tile / T`` in float32 and ``r = e^(m - m')``::
 
@@ -112,22 +118,29 @@ def fold_tile_torch(tile: Tensor, ids: Tensor, stats: FoldStats, vocab_start: in
         b' = r (b + (m - m') s) + sum_v e^(z_v - m') (z_v - m')        (entropy; 0 before the first tile)
         target = z[y] where ``ids`` ``y`` falls in the tile
 
-    The reference of the Triton fold (``fused_head_triton._fold_kernel``: the same formula a block at a time).
+    A float32 ``tile`` is overwritten (with ``z - m'``), and ``scratch`` (float32, at least ``n x v``
+    elements; None: a new tensor) receives the exponentials: the fold allocates nothing of the tile's
+    size, which on a CPU costs more than its arithmetic (fresh pages, faulted in and zeroed by the
+    kernel). The reference of the Triton fold (``fused_head_triton._fold_kernel``: the same formula a
+    block at a time).
     """
-    z = tile.float() / temperature
-    new_max = torch.maximum(stats.maximum, z.amax(dim=-1))
-    rescale = torch.exp(stats.maximum - new_max)
-    from_max = z - new_max.unsqueeze(-1)
-    exp = torch.exp(from_max)
-    if stats.shifted is not None:
-        shift = torch.where(stats.total > 0, stats.maximum - new_max, 0.0)  # no -inf * 0 before the first tile
-        stats.shifted.copy_(rescale * (stats.shifted + shift * stats.total) + (exp * from_max).sum(dim=-1))
-    stats.total.copy_(rescale * stats.total + exp.sum(dim=-1))
-    stats.maximum.copy_(new_max)
+    z = tile if tile.dtype == torch.float32 else tile.float()
+    if temperature != 1.0:
+        z.div_(temperature)
     local = ids - vocab_start
     inside = (local >= 0) & (local < z.shape[1])
     picked = z.gather(1, local.clamp(0, z.shape[1] - 1).unsqueeze(1)).squeeze(1)
     stats.target.copy_(torch.where(inside, picked, stats.target))
+    new_max = torch.maximum(stats.maximum, z.amax(dim=-1))
+    rescale = torch.exp(stats.maximum - new_max)
+    from_max = z.sub_(new_max.unsqueeze(-1))
+    exp = torch.exp(from_max, out=_flat_view(scratch, from_max.shape))
+    tile_total = exp.sum(dim=-1)
+    if stats.shifted is not None:
+        shift = torch.where(stats.total > 0, stats.maximum - new_max, 0.0)  # no -inf * 0 before the first tile
+        stats.shifted.copy_(rescale * (stats.shifted + shift * stats.total) + exp.mul_(from_max).sum(dim=-1))
+    stats.total.copy_(rescale * stats.total + tile_total)
+    stats.maximum.copy_(new_max)
 
 
 def tile_grad_torch(tile: Tensor, ids: Tensor, saved: TileGradInputs, vocab_start: int, temperature: float) -> None:
@@ -135,21 +148,38 @@ def tile_grad_torch(tile: Tensor, ids: Tensor, saved: TileGradInputs, vocab_star
 
         dL/dz_v = g_logp (1[v = y] - p_v) - g_H p_v (log p_v + H),    dL/dlogits = dL/dz / T
 
-    from ``d log p_y / dz_v = 1[v = y] - p_v`` and ``dH/dz_v = -p_v (z_v - sum_u p_u z_u) = -p_v (log p_v + H)``.
-    The reference of the Triton kernel (``fused_head_triton._grad_kernel``)."""
-    z = tile.float() / temperature
-    logp = z - saved.lse.unsqueeze(1)
-    p = torch.exp(logp)
-    dz = torch.zeros_like(z)
-    if saved.grad_logprobs is not None:
-        g = saved.grad_logprobs
-        dz.sub_(p * g.unsqueeze(1))
+    from ``d log p_y / dz_v = 1[v = y] - p_v`` and ``dH/dz_v = -p_v (z_v - sum_u p_u z_u) = -p_v (log p_v + H)``,
+    computed in place (``-p (g_logp + g_H (log p + H))``, then ``g_logp`` at the targets): a float32 tile is the
+    only ``(n, v)`` tensor but with an entropy gradient (one more, for ``p``). The reference of the Triton
+    kernel (``fused_head_triton._grad_kernel``)."""
+    z = tile if tile.dtype == torch.float32 else tile.float()
+    if temperature != 1.0:
+        z.div_(temperature)
+    logp = z.sub_(saved.lse.unsqueeze(1))
+    g = saved.grad_logprobs
+    if saved.grad_entropy is not None and saved.entropy is not None:
+        p = torch.exp(logp)
+        factor = logp.add_(saved.entropy.unsqueeze(1)).mul_(saved.grad_entropy.unsqueeze(1))
+        if g is not None:
+            factor.add_(g.unsqueeze(1))
+        dz = factor.mul_(p).neg_()
+    elif g is not None:
+        dz = logp.exp_().mul_(g.neg().unsqueeze(1))
+    else:
+        dz = logp.zero_()
+    if g is not None:
         local = ids - vocab_start
         inside = (local >= 0) & (local < z.shape[1])
         dz.scatter_add_(1, local.clamp(0, z.shape[1] - 1).unsqueeze(1), torch.where(inside, g, 0.0).unsqueeze(1))
-    if saved.grad_entropy is not None and saved.entropy is not None:
-        dz.sub_(saved.grad_entropy.unsqueeze(1) * p * (logp + saved.entropy.unsqueeze(1)))
-    tile.copy_(dz / temperature)
+    if temperature != 1.0:
+        dz.div_(temperature)
+    if dz is not tile:
+        tile.copy_(dz)
+
+
+def _flat_view(buffer: Tensor | None, shape: torch.Size) -> Tensor | None:
+    """A contiguous ``shape`` view of ``buffer``'s first elements (a tile narrower than the buffer), or None."""
+    return None if buffer is None else buffer.view(-1)[: shape.numel()].view(shape)
 
 
 def triton_kernels() -> ModuleType | None:
@@ -201,9 +231,21 @@ def _vocab_tiles(weight: Tensor, bias: Tensor | None, tiling: _Tiling) -> Iterat
         yield start, weight[cols].to(tiling.dtype), None if bias is None else bias[cols].to(tiling.dtype)
 
 
-def logits_tile(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``hidden @ weight^T (+ bias)``: ``(n, D), (v, D), (v,) -> (n, v)``, one GEMM in their dtype."""
-    return torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
+def logits_tile(hidden: Tensor, weight: Tensor, bias: Tensor | None, buffer: Tensor | None = None) -> Tensor:
+    """``hidden @ weight^T (+ bias)``: ``(n, D), (v, D), (v,) -> (n, v)``, one GEMM in their dtype, written
+    into ``buffer``'s first ``n x v`` elements (None: a new tensor)."""
+    out = _flat_view(buffer, torch.Size((hidden.shape[0], weight.shape[0])))
+    if bias is None:
+        return torch.mm(hidden, weight.t(), out=out)
+    return torch.addmm(bias, hidden, weight.t(), out=out)
+
+
+def _tile_buffers(hidden: Tensor, weight: Tensor, tiling: _Tiling, count: int) -> list[Tensor]:
+    """``count`` tensors of one tile's size (the largest tile's, in the GEMMs' dtype; float32 after the
+    first, for the torch fold's exponentials), allocated once per call and reused by every tile."""
+    shape = (min(tiling.token_tile, hidden.shape[0]), min(tiling.vocab_tile, weight.shape[0]))
+    dtypes = [tiling.dtype] + [torch.float32] * (count - 1)
+    return [torch.empty(shape, dtype=dtype, device=hidden.device) for dtype in dtypes]
 
 
 def accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
@@ -227,10 +269,13 @@ class _FusedHead(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an entropy read as a metric sends no gradient: its term is skipped
         fold, _ = _folds(tiling.fold)
         stats = FoldStats.empty(hidden.shape[0], hidden.device, tiling.with_entropy)
+        buffer, *scratch = _tile_buffers(hidden, weight, tiling, 2 if tiling.fold == "torch" else 1)
+        if scratch:
+            fold = functools.partial(fold_tile_torch, scratch=scratch[0])
         with torch.autocast(hidden.device.type, enabled=False):
             for rows, h in _token_tiles(hidden, tiling):
                 for start, w, b in _vocab_tiles(weight, bias, tiling):
-                    fold(logits_tile(h, w, b), ids[rows], stats.rows(rows), start, tiling.temperature)
+                    fold(logits_tile(h, w, b, buffer), ids[rows], stats.rows(rows), start, tiling.temperature)
         lse, logprobs, entropy = stats.finish()
         ctx.save_for_backward(hidden, weight, bias, ids, lse, entropy)
         ctx.tiling = tiling
@@ -247,6 +292,7 @@ class _FusedHead(torch.autograd.Function):
 
         grad_h, grad_w, grad_b = map(zeros_if, ctx.needs_input_grad[:3], (hidden, weight, bias))
         incoming = [None if g is None else g.float().contiguous() for g in (grad_logprobs, grad_entropy)]
+        (buffer,) = _tile_buffers(hidden, weight, tiling, 1)
         with torch.autocast(hidden.device.type, enabled=False):
             for rows, h in _token_tiles(hidden, tiling):
                 saved = TileGradInputs(
@@ -255,7 +301,7 @@ class _FusedHead(torch.autograd.Function):
                     *(g if g is None else g[rows] for g in incoming),
                 )
                 for start, w, b in _vocab_tiles(weight, bias, tiling):
-                    tile = logits_tile(h, w, b)
+                    tile = logits_tile(h, w, b, buffer)
                     tile_grad(tile, ids[rows], saved, start, tiling.temperature)
                     cols = slice(start, start + tile.shape[1])
                     if grad_h is not None:
@@ -306,35 +352,50 @@ def fused_logprobs(
 def head_kernel(head: nn.Module, device: torch.device, softcap: float | None) -> str:
     """Which kernel turns ``head``'s inputs on ``device`` into log-probs: ``"chunked"`` or ``"fused"``.
 
-    ``RLOO_LM_HEAD_KERNEL`` where set; else ``"chunked"``: the fused head becomes the default on CUDA (where
-    Triton imports) once a GPU run has compiled it and measured it faster than the chunked head
-    (``benchmarks/lm_head_kernels.py``; not yet). On a CPU its torch fold is a reference, not a fast path.
-    A soft-capped head,
+    ``RLOO_LM_HEAD_KERNEL`` where set; else ``"fused"`` on a CPU (its torch fold in place over one tile
+    buffer: at a 32k vocabulary over 4,096 tokens, a log-prob pass's head 2.8x and a training pass's 1.9x
+    faster than the chunked head's, ``benchmarks/lm_head_kernels.py``) and ``"chunked"`` elsewhere: the fused head becomes the default on CUDA (where Triton imports) once a
+    GPU run has compiled it and measured it faster than the chunked head (not yet). A soft-capped head,
     or one that is not a plain ``nn.Linear`` on ``device`` (LoRA on the head, a quantized or offloaded
     head), always takes ``"chunked"``."""
     asked = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if asked and asked not in KERNELS:
         raise ValueError(
-            f"{KERNEL_VARIABLE}={asked!r}: expected one of {list(KERNELS)}, or unset it (the chunked head)"
+            f"{KERNEL_VARIABLE}={asked!r}: expected one of {list(KERNELS)}, or unset it (the device's default)"
         )
     weight = getattr(head, "weight", None)
     if softcap is not None or type(head) is not nn.Linear or weight is None or weight.device != device:
         return "chunked"
     if asked == "fused" and device.type == "cuda" and triton_kernels() is None:
         raise ValueError(f"{KERNEL_VARIABLE}=fused needs Triton on this CUDA machine: pip install triton")
-    return asked or "chunked"
+    return default_kernel(device.type)
+
+
+def default_kernel(device_type: str) -> str:
+    """The kernel a plain ``nn.Linear`` head on a ``device_type`` device takes (:func:`head_kernel`), which
+    the memory plan budgets for: ``RLOO_LM_HEAD_KERNEL`` where set, else fused on a CPU, chunked elsewhere."""
+    asked = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
+    return asked if asked in KERNELS else ("fused" if device_type == "cpu" else "chunked")
+
+
+def cpu_tiles(vocab_size: int, tile_elements: int) -> tuple[int, int]:
+    """``(token_tile, vocab_tile)`` on a CPU: the whole vocabulary in one tile (no running rescale), and as
+    many tokens as ``tile_elements`` logits allow (at least 16: the head's GEMM stays efficient)."""
+    return max(16, tile_elements // vocab_size), vocab_size
 
 
 def fused_head_logprobs(
-    head: nn.Module, hidden: Tensor, ids: Tensor, score: object, softcap: float | None
+    head: nn.Module, hidden: Tensor, ids: Tensor, score: object, softcap: float | None, tile_elements: int
 ) -> tuple[Tensor, Tensor | None] | None:
     """The chunked head's seam: log-probs and entropies ``(n,)`` of ``ids`` ``(n,)`` from the head's inputs
     ``hidden`` ``(n, D)`` by :func:`fused_logprobs`, or None where the chunked head runs (:func:`head_kernel`
-    says so, or ``score`` is not a :class:`HeadScoring` whose formula the fused head knows)."""
+    says so, or ``score`` is not a :class:`HeadScoring` whose formula the fused head knows). On a CPU a tile
+    holds ``tile_elements`` logits (the chunked head's chunk); on a GPU, :data:`TOKEN_TILE` x :data:`VOCAB_TILE`."""
     if not isinstance(score, HeadScoring) or head_kernel(head, hidden.device, softcap) == "chunked":
         return None
     weight: Tensor = getattr(head, "weight")  # noqa: B009 (typed as a Tensor here)
     bias: Tensor | None = getattr(head, "bias")  # noqa: B009
+    tiles = cpu_tiles(weight.shape[0], tile_elements) if hidden.device.type == "cpu" else (TOKEN_TILE, VOCAB_TILE)
     return fused_logprobs(
         hidden,
         weight,
@@ -343,4 +404,6 @@ def fused_head_logprobs(
         score.temperature,
         score.with_entropy,
         score.entropy_requires_grad and torch.is_grad_enabled(),
+        None,
+        *tiles,
     )

@@ -12,6 +12,7 @@ import transformers
 
 import rloo.forward.lm_head as lm_head_module
 from rloo.algo.masks import completion_mask_from_lengths
+from rloo.forward.fused_head import KERNEL_VARIABLE
 from rloo.forward.logprobs import TokenLogprobs, completion_logprobs
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
@@ -101,7 +102,12 @@ class HeadCalls:
         self.largest = max(self.largest, out.numel())
 
 
-def assert_chunked_equals_plain(model: Any, r: Rollout, monkeypatch: pytest.MonkeyPatch, fast: bool = True) -> None:
+def assert_chunked_equals_plain(
+    model: Any, r: Rollout, monkeypatch: pytest.MonkeyPatch, fast: bool = True, kernel: str = "chunked"
+) -> None:
+    """The head's pass (``kernel``: the chunked head, or the fused head, a CPU's default) against the plain
+    path; the fused head sums its gradients in another order (tile by tile), within 3e-5."""
+    monkeypatch.setenv(KERNEL_VARIABLE, kernel)
     vocab = model.get_output_embeddings().weight.shape[0]
     monkeypatch.setattr(lm_head_module, "CHUNK_ELEMENTS", 5 * vocab)  # chunks of 5 tokens: several per pass
     real = r.completion_mask.bool()
@@ -111,7 +117,7 @@ def assert_chunked_equals_plain(model: Any, r: Rollout, monkeypatch: pytest.Monk
         calls = HeadCalls(model.get_output_embeddings())
         chunked, chunked_grads = logprobs_and_grads(model, r, True, entropy_requires_grad)
         calls.handle.remove()
-        assert_same_outputs((chunked, chunked_grads), (plain, plain_grads), real, 1e-5)
+        assert_same_outputs((chunked, chunked_grads), (plain, plain_grads), real, 1e-5 if kernel == "chunked" else 3e-5)
         full = r.completion_ids.numel() * vocab
         if fast:  # the first position of each row (the check) and 5-token chunks: never the full logits
             assert calls.largest <= max(5, r.completion_ids.shape[0]) * vocab < full
@@ -120,13 +126,16 @@ def assert_chunked_equals_plain(model: Any, r: Rollout, monkeypatch: pytest.Monk
             assert calls.largest >= full
 
 
+@pytest.mark.parametrize("kernel", ["chunked", "fused"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_head_equals_the_plain_path_for_every_family(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_head_equals_the_plain_path_for_every_family(
+    family: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokenizer = make_tokenizer()
     model = build(family, tokenizer)
     assert lm_head_module.chunkable_head(model) is model.get_output_embeddings()
     r = rollout(model, tokenizer, [tokenizer.encode(text) for text in PROMPTS])
-    assert_chunked_equals_plain(model, r, monkeypatch)
+    assert_chunked_equals_plain(model, r, monkeypatch, kernel=kernel)
     assert lm_head_module.chunkable_head(model) is not None, "the head passed the check"
 
 

@@ -22,6 +22,10 @@ optimizer's moments, the autocast weight cache under mixed precision):
                 layer's input plus one layer recomputed), one head chunk with its gradient, the
                 gradients, and the optimizer step's temporaries.
 
+The head's temporaries are those of the kernel the run's device takes (:mod:`rloo.forward.fused_head`):
+the chunked head's float32 chunk copies, or the fused head's tile buffers (a CPU's default) and, in its
+backward, the float32 gradients of its inputs and weight.
+
 A micro-batch's prompt is run once for its K rows where the model's cache allows it
 (:mod:`rloo.forward.shared_prompt`: full-attention families, no gradient checkpointing, one
 process); elsewhere each row runs its prompt. The per-token activation counts are those of a
@@ -37,6 +41,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from rloo.forward.layers import per_layer
 
@@ -56,6 +62,9 @@ SAVED_H, SAVED_I = 7, 4
 NO_GRAD_H, NO_GRAD_I = 2, 3
 # one head chunk: its logits, the float32 copy scored and the softmax (x2 without, x3 with gradient)
 HEAD_NO_GRAD, HEAD_GRAD = 1, 4
+# the fused head (a CPU's): a tile buffer and its exponentials' scratch in the forward; in the backward one
+# tile buffer beside the float32 gradients of the head's inputs and (a trained head) its weight
+FUSED_FORWARD, FUSED_BACKWARD = 2, 1
 # the sampler's (N, V) float32 decode temporaries: logits, scaled logits, probabilities, draws
 SAMPLING_V = 4
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adafactor": 1, "sgd": 1, "lion": 1, "rmsprop": 1}
@@ -152,15 +161,27 @@ class Workload:
     max_logits_mib: float = 256.0
     shards: int = 1  # FSDP: weights, gradients and optimizer state split over this many processes
     stored_logprobs: int = 0  # (N, Tc) float32 tensors kept from phase 2 (reference, old)
+    fused_head: bool = False  # the head's kernel (rloo.forward.fused_head.head_kernel): fused, else chunked
 
     @classmethod
     def from_config(
-        cls, args: Any, prompt_length: int, lora: Any = None, shards: int = 1, bf16_default: bool | None = None
+        cls,
+        args: Any,
+        prompt_length: int,
+        lora: Any = None,
+        shards: int = 1,
+        bf16_default: bool | None = None,
+        device_type: str | None = None,
     ) -> Workload:
         """``args``: an RLOOConfig; ``lora``: a peft LoraConfig (or None); ``shards``: FSDP processes;
-        ``bf16_default``: whether the planned device runs bf16, for ``bf16=None`` (None: this machine's GPU)."""
+        ``bf16_default``: whether the planned device runs bf16, for ``bf16=None`` (None: this machine's GPU);
+        ``device_type``: ``"cuda"`` or ``"cpu"``, whose head kernel is planned (None: this machine's)."""
         weight_bytes = DTYPE_BYTES.get(weight_dtype(args), 4)
+        from rloo.forward.fused_head import default_kernel
         from rloo.training.setup.models import bf16_supported
+
+        if device_type is None:
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
 
         if bf16_default is None:
             bf16_default = bf16_supported()
@@ -186,6 +207,7 @@ class Workload:
             max_logits_mib=float(args.max_logits_memory_mb),
             shards=shards,
             stored_logprobs=stored,
+            fused_head=default_kernel(device_type) == "fused",
         )
 
 
@@ -233,6 +255,20 @@ def activation_bytes(work: Workload) -> int:
     return 2 if work.mixed_precision else work.weight_bytes
 
 
+def head_bytes(work: Workload, vocab: int, hidden: int, tokens: float, grad: bool) -> float:
+    """The LM head's temporaries over ``tokens`` completion positions, a chunk (or tile) of float32 logits
+    at a time (``max_logits_memory_mb``): the chunked head's copies (:data:`HEAD_GRAD`), or the fused
+    head's buffers (:data:`FUSED_FORWARD`), then in its backward a buffer beside the float32 gradients of
+    the ``(tokens, hidden)`` inputs and (not under LoRA) the ``(vocab, hidden)`` weight."""
+    chunk = min(tokens, max(1, int(work.max_logits_mib * MiB / 4) // vocab)) * vocab * 4
+    if not work.fused_head:
+        return chunk * (HEAD_GRAD if grad else HEAD_NO_GRAD)
+    if not grad:
+        return chunk * FUSED_FORWARD
+    weight_grad = 0 if work.lora_rank is not None else vocab * hidden * 4
+    return max(chunk * FUSED_FORWARD, chunk * FUSED_BACKWARD + tokens * hidden * 4 + weight_grad)
+
+
 def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
     """The peak bytes of each phase (module docstring). Worst case: full-length prompts and completions."""
     s, w = shape, work
@@ -259,9 +295,8 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
     def no_grad_layer(tokens: float) -> float:
         return tokens * (NO_GRAD_H * h + NO_GRAD_I * i + 2 * kv_dim) * a
 
-    def head_chunk(tokens: float, factor: int) -> float:
-        chunk_tokens = min(tokens, max(1, int(w.max_logits_mib * MiB / 4) // v))
-        return chunk_tokens * v * 4 * factor
+    def head(tokens: float, grad: bool) -> float:
+        return head_bytes(w, v, h, tokens, grad)
 
     # 1. sampling: the largest of its three moments
     moments: dict[str, dict[str, float]] = {
@@ -294,12 +329,12 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
                 "one layer's temporaries": no_grad_layer(rows * tc),
             },
             # the caches are gone when the head runs over the completions' hidden states
-            "head": {"head hidden states": rows * tc * h * a, "head chunk": head_chunk(rows * tc, HEAD_NO_GRAD)},
+            "head": {"head hidden states": rows * tc * h * a, "head chunk": head(rows * tc, grad=False)},
         }
     else:
         moments = {
             "forward": {"one layer's temporaries": no_grad_layer(rows * (tp + tc))},
-            "head": {"head hidden states": rows * tc * h * a, "head chunk": head_chunk(rows * tc, HEAD_NO_GRAD)},
+            "head": {"head hidden states": rows * tc * h * a, "head chunk": head(rows * tc, grad=False)},
         }
     logprobs = {**state, "stored log-probs": stored, **_largest(moments)}
 
@@ -319,7 +354,7 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
         "gradients": grads,
         "saved activations": saved,
         "head hidden states": rows * tc * h * a,
-        "head chunk": head_chunk(rows * tc, HEAD_GRAD),
+        "head chunk": head(rows * tc, grad=True),
     }
     step = {**state, "stored log-probs": stored, "gradients": grads, "optimizer temporaries": grads}
     phases = (
