@@ -354,10 +354,11 @@ def head_kernel(head: nn.Module, device: torch.device, softcap: float | None) ->
 
     ``RLOO_LM_HEAD_KERNEL`` where set; else ``"fused"`` on a CPU (its torch fold in place over one tile
     buffer: at a 32k vocabulary over 4,096 tokens, a log-prob pass's head 2.8x and a training pass's 1.9x
-    faster than the chunked head's, ``benchmarks/lm_head_kernels.py``) and ``"chunked"`` elsewhere: the fused head becomes the default on CUDA (where Triton imports) once a
-    GPU run has compiled it and measured it faster than the chunked head (not yet). A soft-capped head,
-    or one that is not a plain ``nn.Linear`` on ``device`` (LoRA on the head, a quantized or offloaded
-    head), always takes ``"chunked"``."""
+    faster than the chunked head's, ``benchmarks/lm_head_kernels.py``) and ``"chunked"`` elsewhere: the
+    fused head becomes the default on CUDA (where Triton imports) once a GPU run has compiled it and
+    measured it faster than the chunked head (not yet). A soft-capped head, or one that is not a plain
+    ``nn.Linear`` on ``device`` (LoRA on the head, a quantized or offloaded head), always takes
+    ``"chunked"``."""
     asked = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if asked and asked not in KERNELS:
         raise ValueError(
