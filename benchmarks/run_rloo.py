@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 from common import (
     BenchCase,
     FlopCounter,
@@ -59,11 +60,33 @@ class Timer:
         self.last, self.flops = now, self.counter.flops
 
 
+def count_fused_head(counter: FlopCounter) -> None:
+    """The fused LM head (a CPU's default) multiplies by the head's weight without calling the head module, whose
+    hook counts the chunked head: count its rows here (forward, and 3 more in a backward that recomputes), as
+    ``run_trl.py`` counts TRL 1.16's."""
+    try:
+        from rloo.forward import fused_head
+    except ImportError:  # an older rloo (an A/B run): its head calls the module
+        return
+    function = getattr(fused_head, "_FusedHead", None)
+    if function is None:
+        return
+    original = function.apply
+
+    def apply(hidden: Any, weight: Any, *args: Any) -> Any:
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        counter.flops += 2.0 * weight.numel() * hidden.shape[0] * (4 if grad else 1)
+        return original(hidden, weight, *args)
+
+    function.apply = apply
+
+
 def main() -> None:
     case = BenchCase(**json.loads(sys.argv[2]))
     model_dir, out = sys.argv[1], sys.argv[3]
     options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     timer = Timer(FlopCounter())
+    count_fused_head(timer.counter)
     args = RLOOConfig(
         output_dir=tempfile.mkdtemp(),
         num_generations=case.num_generations,
