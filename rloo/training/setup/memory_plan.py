@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from rloo.forward.fused_head import default_kernel
 from rloo.forward.layers import per_layer
 
 GiB = 2**30
@@ -63,8 +64,9 @@ NO_GRAD_H, NO_GRAD_I = 2, 3
 # one head chunk: its logits, the float32 copy scored and the softmax (x2 without, x3 with gradient)
 HEAD_NO_GRAD, HEAD_GRAD = 1, 4
 # the fused head (a CPU's): a tile buffer and its exponentials' scratch in the forward; in the backward one
-# tile buffer beside the float32 gradients of the head's inputs and (a trained head) its weight
-FUSED_FORWARD, FUSED_BACKWARD = 2, 1
+# tile buffer beside the float32 gradients of the head's inputs and (a trained head) its weight. Under
+# mixed precision the buffer holds bf16 logits and the fold works on a float32 copy: half a chunk more
+FUSED_FORWARD, FUSED_BACKWARD, FUSED_BF16_BUFFER = 2, 1, 0.5
 # the sampler's (N, V) float32 decode temporaries: logits, scaled logits, probabilities, draws
 SAMPLING_V = 4
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adafactor": 1, "sgd": 1, "lion": 1, "rmsprop": 1}
@@ -177,7 +179,6 @@ class Workload:
         ``bf16_default``: whether the planned device runs bf16, for ``bf16=None`` (None: this machine's GPU);
         ``device_type``: ``"cuda"`` or ``"cpu"``, whose head kernel is planned (None: this machine's)."""
         weight_bytes = DTYPE_BYTES.get(weight_dtype(args), 4)
-        from rloo.forward.fused_head import default_kernel
         from rloo.training.setup.models import bf16_supported
 
         if device_type is None:
@@ -263,10 +264,12 @@ def head_bytes(work: Workload, vocab: int, hidden: int, tokens: float, grad: boo
     chunk = min(tokens, max(1, int(work.max_logits_mib * MiB / 4) // vocab)) * vocab * 4
     if not work.fused_head:
         return chunk * (HEAD_GRAD if grad else HEAD_NO_GRAD)
+    extra = FUSED_BF16_BUFFER if work.mixed_precision else 0.0
+    forward = chunk * (FUSED_FORWARD + extra)
     if not grad:
-        return chunk * FUSED_FORWARD
+        return forward
     weight_grad = 0 if work.lora_rank is not None else vocab * hidden * 4
-    return max(chunk * FUSED_FORWARD, chunk * FUSED_BACKWARD + tokens * hidden * 4 + weight_grad)
+    return max(forward, chunk * (FUSED_BACKWARD + extra) + tokens * hidden * 4 + weight_grad)
 
 
 def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:

@@ -23,6 +23,7 @@ from rloo.training.setup.memory_plan import (
     device_bytes,
     fits,
     fixes,
+    head_bytes,
     plan_memory,
 )
 
@@ -126,6 +127,23 @@ def test_mixed_precision_halves_activations_and_adds_the_autocast_copies() -> No
     assert sampling["autocast weight copies"] == 12_345 * 2
     fp32 = plan_memory(SHAPE, WORK).phase("training").parts
     assert plan.phase("training").parts["saved activations"] == fp32["saved activations"] / 2
+
+
+def test_the_fused_head_plans_its_tile_buffers_and_its_float32_gradients_by_hand() -> None:
+    # every completion token in one chunk: 32 tokens at V 100 -> 12,800 bytes of float32 logits
+    chunk, fused = 32 * 100 * 4, replace(WORK, fused_head=True)
+    assert head_bytes(fused, 100, 16, 32, grad=False) == 2 * chunk  # the tile buffer and the exponentials'
+    # the backward: one buffer, the inputs' (32, 64) and the weight's (100, 64) float32 gradients
+    assert head_bytes(fused, 100, 64, 32, grad=True) == chunk + 32 * 64 * 4 + 100 * 64 * 4
+    assert head_bytes(fused, 100, 16, 32, grad=True) == 2 * chunk  # the forward's buffers are the larger
+    lora = replace(fused, lora_rank=8)  # a frozen head: no weight gradient
+    assert head_bytes(lora, 100, 128, 32, grad=True) == chunk + 32 * 128 * 4
+    mixed = replace(fused, mixed_precision=True)  # bf16 logits in the buffer, the fold on a float32 copy
+    assert head_bytes(mixed, 100, 16, 32, grad=False) == 2.5 * chunk
+    assert head_bytes(WORK, 100, 16, 32, grad=False) == chunk  # the chunked head's
+    assert head_bytes(WORK, 100, 16, 32, grad=True) == 4 * chunk
+    # WORK's micro-batch: 4 rows x 4 completion tokens
+    assert plan_memory(SHAPE, fused).phase("training").parts["head chunk"] == head_bytes(fused, 100, 16, 16, True)
 
 
 def test_lora_has_no_reference_copy_and_optimizer_state_of_the_adapters_only() -> None:
