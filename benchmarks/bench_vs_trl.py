@@ -6,7 +6,8 @@
     .venv/bin/python benchmarks/render.py                    # the tables of BENCHMARKS.md
 
 Each TRL version is installed by this script into its own virtual environment
-(``benchmarks/.venv-trl-<version>``; not a dependency of rloo), with our torch and transformers pins.
+(``benchmarks/.venv-trl-<version>``; not a dependency of rloo), with our torch and transformers pins and
+our peft and bitsandbytes (transformers imports them wherever installed: the same imports on both sides).
 All implementations load the same locally built Llama folder and character tokenizer, train on the
 same prompts with the same reward and TRL's default math (k1 KL in the reward with beta 0.05,
 sequence-level ratio, num_iterations 1), fp32, no gradient checkpointing, temperature 1.0, the same
@@ -63,8 +64,28 @@ def label(case: BenchCase) -> str:
     return f"{case.model}-{case.num_prompts}x{case.num_generations}-T{case.max_completion_length}"
 
 
+# installed beside rloo, imported by transformers whenever present (``transformers.trainer_utils`` imports
+# peft, peft imports bitsandbytes: about 190 MiB of RSS): TRL's environment gets the same versions, so
+# that both sides start from the same imports
+SHARED_PACKAGES = ("peft", "bitsandbytes")
+
+
+def shared_pins() -> list[str]:
+    """``name==version`` of each :data:`SHARED_PACKAGES` installed in this (rloo's) environment."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = []
+    for name in SHARED_PACKAGES:
+        try:
+            pins.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return pins
+
+
 def ensure_trl_venv(version: str) -> Path:
-    """Create TRL ``version``'s virtual environment once (pip pulls the CPU torch pin first)."""
+    """Create TRL ``version``'s virtual environment once (pip pulls the CPU torch pin first), with the
+    :func:`shared_pins` of rloo's (added to an environment made before they were)."""
     venv = HERE / f".venv-trl-{version}"
     python = venv / "bin" / "python"
     if not python.exists():
@@ -75,6 +96,13 @@ def ensure_trl_venv(version: str) -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
         pins = [f"trl=={version}", f"transformers=={transformers.__version__}", "requests", "psutil"]
         subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    shared = shared_pins()
+    check = (
+        "import sys, importlib.metadata as m;"
+        "sys.exit(any(m.version(p.split('==')[0]) != p.split('==')[1] for p in sys.argv[1:]))"
+    )
+    if shared and subprocess.run([str(python), "-c", check, *shared], capture_output=True).returncode:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *shared], check=True)
     return python
 
 

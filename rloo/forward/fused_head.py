@@ -14,9 +14,12 @@ several GB of float32 traffic per training pass at a 151,936-token vocabulary.
 
 Which head runs is :func:`head_kernel`'s choice (``RLOO_LM_HEAD_KERNEL``, else fused on a CPU and chunked on
 CUDA); which is faster is measured by ``benchmarks/lm_head_kernels.py`` (on a GPU: not yet). On a CPU a tile
-is the whole vocabulary by as many tokens as ``max_logits_memory_mb`` allows, computed in place in one
-buffer allocated per call: a fresh tensor of that size costs its pages, faulted in and zeroed by the
-kernel, which on a CPU is more than the arithmetic over it.
+is the whole vocabulary by as many tokens as ``max_logits_memory_mb`` allows for its two buffers (the tile
+and its exponentials), computed in place, allocated once per call: a fresh tensor of that size costs its
+pages, faulted in and zeroed by the kernel, which on a CPU is more than the arithmetic over it. A training
+pass's tiles are at most :data:`CPU_GRAD_TOKEN_TILE` tokens: its head runs on top of the whole forward's
+saved activations (the step's peak), and from a few hundred tokens a tile its speed no longer depends on
+the tile's size.
 
 Why our own and not a library's. TRL 1.16's ``ChunkedLogProbFunction`` (``trl/kernels/chunked_logprob.py``)
 is this design, and it was the model: but TRL is not a dependency of rloo (an extra for benchmarks and
@@ -49,6 +52,13 @@ KERNELS = ("chunked", "fused")
 # a tile of logits: tokens x vocabulary columns (TRL's sizes; 256 MiB of bf16 logits, sized for a GPU)
 TOKEN_TILE = 4096
 VOCAB_TILE = 32768
+# a CPU training pass's tile: at most this many tokens (by the whole vocabulary). At a 32k vocabulary over
+# 4,096 tokens, a training pass's head took 3.44 s at 2,097-token tiles (256 MiB, the default budget) and
+# 3.48 s at 524 (benchmarks/lm_head_kernels.py --token-tile); the forward's two tile buffers sit on the
+# update's peak: there 2 x 64 MiB instead of 2 x 256 MiB
+CPU_GRAD_TOKEN_TILE = 512
+# a CPU forward's tile-sized float32 buffers, which share the logits budget: the tile and its exponentials
+CPU_FORWARD_BUFFERS = 2
 # ``torch.addmm(..., out_dtype=torch.float32)``: bf16 operands, a float32 product (CUDA, torch >= 2.8)
 _ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
 
@@ -379,10 +389,12 @@ def default_kernel(device_type: str) -> str:
     return asked if asked in KERNELS else ("fused" if device_type == "cpu" else "chunked")
 
 
-def cpu_tiles(vocab_size: int, tile_elements: int) -> tuple[int, int]:
+def cpu_tiles(vocab_size: int, tile_elements: int, grad: bool = False) -> tuple[int, int]:
     """``(token_tile, vocab_tile)`` on a CPU: the whole vocabulary in one tile (no running rescale), and as
-    many tokens as ``tile_elements`` logits allow (at least 16: the head's GEMM stays efficient)."""
-    return max(16, tile_elements // vocab_size), vocab_size
+    many tokens as ``tile_elements`` logits allow for the forward's :data:`CPU_FORWARD_BUFFERS` (at least 16:
+    the head's GEMM stays efficient); with a gradient (``grad``), at most :data:`CPU_GRAD_TOKEN_TILE`."""
+    tokens = max(16, tile_elements // (CPU_FORWARD_BUFFERS * vocab_size))
+    return (min(tokens, CPU_GRAD_TOKEN_TILE) if grad else tokens), vocab_size
 
 
 def fused_head_logprobs(
@@ -391,12 +403,15 @@ def fused_head_logprobs(
     """The chunked head's seam: log-probs and entropies ``(n,)`` of ``ids`` ``(n,)`` from the head's inputs
     ``hidden`` ``(n, D)`` by :func:`fused_logprobs`, or None where the chunked head runs (:func:`head_kernel`
     says so, or ``score`` is not a :class:`HeadScoring` whose formula the fused head knows). On a CPU a tile
-    holds ``tile_elements`` logits (the chunked head's chunk); on a GPU, :data:`TOKEN_TILE` x :data:`VOCAB_TILE`."""
+    holds ``tile_elements`` logits (the chunked head's chunk; with a gradient, at most
+    :data:`CPU_GRAD_TOKEN_TILE` tokens of them: :func:`cpu_tiles`); on a GPU, :data:`TOKEN_TILE` x
+    :data:`VOCAB_TILE`."""
     if not isinstance(score, HeadScoring) or head_kernel(head, hidden.device, softcap) == "chunked":
         return None
     weight: Tensor = getattr(head, "weight")  # noqa: B009 (typed as a Tensor here)
     bias: Tensor | None = getattr(head, "bias")  # noqa: B009
-    tiles = cpu_tiles(weight.shape[0], tile_elements) if hidden.device.type == "cpu" else (TOKEN_TILE, VOCAB_TILE)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    tiles = cpu_tiles(weight.shape[0], tile_elements, grad) if hidden.device.type == "cpu" else (TOKEN_TILE, VOCAB_TILE)
     return fused_logprobs(
         hidden,
         weight,

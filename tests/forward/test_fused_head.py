@@ -288,6 +288,32 @@ def test_the_head_kernel_by_device_variable_and_head(monkeypatch: pytest.MonkeyP
         head_kernel(head, cpu, None)
 
 
+def test_a_cpu_training_pass_takes_tiles_of_at_most_its_grad_tile_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU a log-prob pass's tile is as many tokens as the budget allows its two buffers (the tile and
+    its exponentials), a training pass's at most ``CPU_GRAD_TOKEN_TILE`` of them (its head runs on the
+    forward's saved activations: the step's peak)."""
+    monkeypatch.delenv(KERNEL_VARIABLE, raising=False)
+    monkeypatch.setattr(fused_head, "CPU_GRAD_TOKEN_TILE", 8)
+    tiles: list[tuple[int, int]] = []
+    real = fused_head.fused_logprobs
+
+    def record(*args: Any) -> Any:
+        tiles.append(args[-2:])
+        return real(*args)
+
+    monkeypatch.setattr(fused_head, "fused_logprobs", record)
+    head, ids = torch.nn.Linear(4, 10), torch.randint(0, 10, (40,))
+    hidden = torch.randn(40, 4)
+    score = TokenScore(1.0, False, False)
+    with torch.no_grad():
+        expected = fused_head.fused_head_logprobs(head, hidden, ids, score, None, 2 * 10 * 32)
+    logprobs = fused_head.fused_head_logprobs(head, hidden.requires_grad_(True), ids, score, None, 2 * 10 * 32)
+    assert tiles == [(32, 10), (8, 10)]  # two buffers of 32 tokens in the budget, then the training cap's 8
+    assert expected is not None and logprobs is not None
+    torch.testing.assert_close(logprobs[0], expected[0])  # the same log-probs either way
+    assert fused_head.cpu_tiles(10, 10 * 4) == (16, 10)  # at least 16 tokens: the GEMM stays efficient
+
+
 def pass_outputs(model: Any, rows: tuple[torch.Tensor, ...], layout: str) -> tuple[TokenLogprobs, list[torch.Tensor]]:
     """One training pass's log-probs, entropies (with the bonus's gradient) and weight gradients."""
     model.zero_grad()

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from rloo.forward.fused_head import default_kernel
+from rloo.forward.fused_head import CPU_GRAD_TOKEN_TILE, default_kernel
 from rloo.forward.layers import per_layer
 
 GiB = 2**30
@@ -164,6 +164,7 @@ class Workload:
     shards: int = 1  # FSDP: weights, gradients and optimizer state split over this many processes
     stored_logprobs: int = 0  # (N, Tc) float32 tensors kept from phase 2 (reference, old)
     fused_head: bool = False  # the head's kernel (rloo.forward.fused_head.head_kernel): fused, else chunked
+    grad_tile_tokens: int | None = None  # a CPU fused head's training tiles: at most this many tokens (cpu_tiles)
 
     @classmethod
     def from_config(
@@ -209,6 +210,7 @@ class Workload:
             shards=shards,
             stored_logprobs=stored,
             fused_head=default_kernel(device_type) == "fused",
+            grad_tile_tokens=CPU_GRAD_TOKEN_TILE if device_type == "cpu" else None,
         )
 
 
@@ -260,10 +262,15 @@ def head_bytes(work: Workload, vocab: int, hidden: int, tokens: float, grad: boo
     """The LM head's temporaries over ``tokens`` completion positions, a chunk (or tile) of float32 logits
     at a time (``max_logits_memory_mb``): the chunked head's copies (:data:`HEAD_GRAD`), or the fused
     head's buffers (:data:`FUSED_FORWARD`), then in its backward a buffer beside the float32 gradients of
-    the ``(tokens, hidden)`` inputs and (not under LoRA) the ``(vocab, hidden)`` weight."""
-    chunk = min(tokens, max(1, int(work.max_logits_mib * MiB / 4) // vocab)) * vocab * 4
+    the ``(tokens, hidden)`` inputs and (not under LoRA) the ``(vocab, hidden)`` weight. The fused head's two
+    forward buffers share the budget; a CPU's trains on tiles of at most ``grad_tile_tokens`` tokens."""
+    budget = int(work.max_logits_mib * MiB / 4)  # float32 logits
     if not work.fused_head:
-        return chunk * (HEAD_GRAD if grad else HEAD_NO_GRAD)
+        return min(tokens, max(1, budget // vocab)) * vocab * 4 * (HEAD_GRAD if grad else HEAD_NO_GRAD)
+    rows = min(tokens, max(1, budget // (FUSED_FORWARD * vocab)))  # the forward's buffers share the budget
+    if grad and work.grad_tile_tokens is not None:
+        rows = min(rows, work.grad_tile_tokens)
+    chunk = rows * vocab * 4
     extra = FUSED_BF16_BUFFER if work.mixed_precision else 0.0
     forward = chunk * (FUSED_FORWARD + extra)
     if not grad:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from rloo import RLOOConfig
 from rloo.cli.run_file import build_peft_config
+from rloo.forward.fused_head import CPU_GRAD_TOKEN_TILE
 from rloo.training.setup.memory_plan import (
     CUDA_OVERHEAD,
     DEVICES,
@@ -146,6 +147,20 @@ def test_the_fused_head_plans_its_tile_buffers_and_its_float32_gradients_by_hand
     assert plan_memory(SHAPE, fused).phase("training").parts["head chunk"] == head_bytes(fused, 100, 16, 16, True)
 
 
+def test_a_cpu_fused_head_trains_on_tiles_of_at_most_its_grad_tile_tokens(tmp_path: Path) -> None:
+    # 32 tokens fit the budget; a CPU's training tiles hold 8 of them, its log-prob passes' all 32
+    cpu = replace(WORK, fused_head=True, grad_tile_tokens=8)
+    tile = 8 * 100 * 4
+    assert head_bytes(cpu, 100, 16, 32, grad=True) == max(2 * tile, tile + 32 * 16 * 4 + 100 * 16 * 4)
+    assert head_bytes(cpu, 100, 16, 32, grad=False) == 2 * 32 * 100 * 4
+    # a budget of 4,000 float32 logits holds the forward's two buffers of 20 tokens each
+    small = replace(cpu, max_logits_mib=4_000 * 4 / 2**20)
+    assert head_bytes(small, 100, 16, 32, grad=False) == 2 * 20 * 100 * 4
+    args = RLOOConfig(output_dir=str(tmp_path), num_generations=4, bf16=False)
+    assert Workload.from_config(args, 16, device_type="cpu").grad_tile_tokens == CPU_GRAD_TOKEN_TILE
+    assert Workload.from_config(args, 16, device_type="cuda").grad_tile_tokens is None
+
+
 def test_lora_has_no_reference_copy_and_optimizer_state_of_the_adapters_only() -> None:
     plan = plan_memory(SHAPE, replace(WORK, lora_rank=8, lora_targets=("q_proj", "v_proj")))
     assert SHAPE.lora_parameters(8, ["q_proj", "v_proj"]) == LORA_Q_V
@@ -215,6 +230,8 @@ FIX_SHAPE_CONFIG = tiny_llama(vocab_size=32000, hidden_size=256, intermediate_si
 FIX_RUN = {"num_generations": 4, "per_device_train_batch_size": 8, "generation_batch_size": 16}
 FIX_RUN["max_completion_length"] = 256
 FIX_PROMPT = 512
+# the fixes are planned for a GPU's head kernel on any machine (a CPU's fused head has a smaller training peak)
+ON_CUDA: dict[str, Any] = {"device_type": "cuda"}
 
 
 def applied(fix: str, fields: dict[str, Any], tmp_path: Path) -> Workload:
@@ -229,14 +246,14 @@ def applied(fix: str, fields: dict[str, Any], tmp_path: Path) -> Workload:
             lora = build_peft_config(value)
         else:
             fields = {**fields, key: value}
-    return Workload.from_config(RLOOConfig(output_dir=str(tmp_path), **fields), FIX_PROMPT, lora, shards)
+    return Workload.from_config(RLOOConfig(output_dir=str(tmp_path), **fields), FIX_PROMPT, lora, shards, **ON_CUDA)
 
 
 @pytest.mark.parametrize("cuda", [False, True])
 @pytest.mark.parametrize("fraction", [0.95, 0.6])
 def test_every_fix_fits_when_applied_to_the_run(fraction: float, cuda: bool, tmp_path: Path) -> None:
     shape = ModelShape.from_config(FIX_SHAPE_CONFIG)
-    work = Workload.from_config(RLOOConfig(output_dir=str(tmp_path), **FIX_RUN), FIX_PROMPT)
+    work = Workload.from_config(RLOOConfig(output_dir=str(tmp_path), **FIX_RUN), FIX_PROMPT, **ON_CUDA)
     plan = plan_memory(shape, work)
     capacity = fraction * plan.peak.total + (CUDA_OVERHEAD if cuda else 0.0)
     assert not fits(plan, capacity, cuda)
