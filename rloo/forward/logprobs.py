@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from rloo.algo.stats import softmax_entropy
 from rloo.forward.fused_head import HeadScoring
+from rloo.forward.lean_mlp import lean_gated_mlps
 from rloo.forward.lm_head import chunked_logprobs
 from rloo.forward.packing import RowLengths, choose_layout, forward_cost, packed_logprobs, packs_rows
 from rloo.forward.shared_prompt import may_share, shared_prompt_logprobs
@@ -172,21 +173,22 @@ def completion_logprobs(
             **({} if vision is None else vision.model_inputs(tc)),
         )
 
-    score = TokenScore(temperature, with_entropy, entropy_requires_grad)
-    chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
-    if chunked_head and (share_prompts or padding_free) and vision is None and not with_aux_loss:
-        rows = (prompt_ids, prompt_mask, completion_ids, completion_mask)
-        laid_out = _laid_out_logprobs(model, rows, score, with_entropy, chunk, share_prompts, padding_free)
-        if laid_out is not None:
-            return TokenLogprobs(*laid_out)
-    fast = None
-    if chunked_head:
-        fast = chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy, chunk)
-    if fast is not None:
-        out, (logprobs, entropy) = fast
-    else:  # the plain path: the model's (N, Tc, V) logits
-        out = forward()
-        logprobs, entropy = score(out.logits, completion_ids)
+    with lean_gated_mlps(model):  # a training pass: the gated MLPs save two tensors of their width, not four
+        score = TokenScore(temperature, with_entropy, entropy_requires_grad)
+        chunk = None if max_logits_mib is None else max(1, int(max_logits_mib * 2**20) // 4)
+        if chunked_head and (share_prompts or padding_free) and vision is None and not with_aux_loss:
+            rows = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+            laid_out = _laid_out_logprobs(model, rows, score, with_entropy, chunk, share_prompts, padding_free)
+            if laid_out is not None:
+                return TokenLogprobs(*laid_out)
+        fast = None
+        if chunked_head:
+            fast = chunked_logprobs(model, forward, completion_ids, completion_mask, score, with_entropy, chunk)
+        if fast is not None:
+            out, (logprobs, entropy) = fast
+        else:  # the plain path: the model's (N, Tc, V) logits
+            out = forward()
+            logprobs, entropy = score(out.logits, completion_ids)
     # a model without routers in this configuration may return a plain 0 (GraniteMoeHybrid, transformers < 5.19)
     aux_loss = out.aux_loss if with_aux_loss and isinstance(out.aux_loss, Tensor) else None
     return TokenLogprobs(logprobs, entropy, aux_loss)

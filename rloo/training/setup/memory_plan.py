@@ -19,8 +19,9 @@ optimizer's moments, the autocast weight cache under mixed precision):
                 one layer's temporaries, the completions' hidden states and one chunk of the LM head's
                 float32 logits (``max_logits_memory_mb``), plus the stored ``(N, Tc)`` log-probs;
 3. training     a micro-batch's saved activations (every layer's, or with gradient checkpointing each
-                layer's input plus one layer recomputed), one head chunk with its gradient, the
-                gradients, and the optimizer step's temporaries.
+                layer's input plus one layer recomputed; a lean gated MLP's two tensors of its width,
+                :mod:`rloo.forward.lean_mlp`, where a float32 pass takes it), one head chunk with its
+                gradient, the gradients, and the optimizer step's temporaries.
 
 The head's temporaries are those of the kernel the run's device takes (:mod:`rloo.forward.fused_head`):
 the chunked head's float32 chunk copies, or the fused head's tile buffers (a CPU's default) and, in its
@@ -34,9 +35,12 @@ implementations save them: other families (MoE, hybrid, vision towers) are plann
 that layer, which the plan says.
 """
 
+# size: one model of memory, kept together: the shape and workload read off a config, the per-phase terms (each
+# checked by hand in tests), the device sizes and the fixes that re-plan it
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,6 +50,7 @@ import torch
 
 from rloo.forward.fused_head import CPU_GRAD_TOKEN_TILE, default_kernel
 from rloo.forward.layers import per_layer
+from rloo.forward.lean_mlp import LEAN_VARIABLE
 
 GiB = 2**30
 MiB = 2**20
@@ -58,6 +63,8 @@ DEVICES = {"h100": 79.6, "h200": 139.8, "a100-80gb": 79.2, "a100-40gb": 39.4, "l
 # input, the normalized input, q, the attention output and its projection's input, the second residual
 # and normalization (7 H); gate, its activation, up and their product (4 I); keys and values (2 kv) apart
 SAVED_H, SAVED_I = 7, 4
+# a lean gated MLP (rloo.forward.lean_mlp: float32 passes) saves gate and up only
+LEAN_SAVED_I = 2
 # one layer's temporaries in a no-grad forward, per token: the residual and a normalized input (2 H), gate,
 # its activation and up alive at once (3 I)
 NO_GRAD_H, NO_GRAD_I = 2, 3
@@ -165,6 +172,7 @@ class Workload:
     stored_logprobs: int = 0  # (N, Tc) float32 tensors kept from phase 2 (reference, old)
     fused_head: bool = False  # the head's kernel (rloo.forward.fused_head.head_kernel): fused, else chunked
     grad_tile_tokens: int | None = None  # a CPU fused head's training tiles: at most this many tokens (cpu_tiles)
+    lean_mlp: bool = False  # the gated MLPs save two tensors of their width (rloo.forward.lean_mlp.lean_gated_mlps)
 
     @classmethod
     def from_config(
@@ -211,12 +219,22 @@ class Workload:
             stored_logprobs=stored,
             fused_head=default_kernel(device_type) == "fused",
             grad_tile_tokens=CPU_GRAD_TOKEN_TILE if device_type == "cpu" else None,
+            lean_mlp=lean_planned(mixed, bool(args.gradient_checkpointing), shards, lora),
         )
 
 
 def weight_dtype(args: Any) -> str:
     """The dtype the weights load in: ``model_init_kwargs``' ``dtype``, else float32 (rloo's default)."""
     return str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
+
+
+def lean_planned(mixed: bool, checkpointing: bool, shards: int, lora: Any) -> bool:
+    """Whether a run's gated MLPs take :func:`rloo.forward.lean_mlp.lean_gated_mlps`: passes without autocast or
+    gradient checkpointing, unsharded, the down projection not a LoRA layer, and not turned off."""
+    targets = None if lora is None else _targets(lora.target_modules)
+    down_lora = targets is not None and (targets == "all-linear" or "down_proj" in targets)
+    off = os.environ.get(LEAN_VARIABLE, "").strip() == "0"
+    return not (mixed or checkpointing or shards > 1 or down_lora or off)
 
 
 def _targets(value: Any) -> Any:
@@ -350,7 +368,8 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
 
     # 3. training: one micro-batch's forward and backward, then the optimizer step
     grads = trainable * trainable_bytes / w.shards
-    saved_token = SAVED_H * h + SAVED_I * i + 2 * kv_dim + (q_dim - h)
+    lean = w.lean_mlp and not w.gradient_checkpointing and w.shards == 1  # as a fix changes them
+    saved_token = SAVED_H * h + (LEAN_SAVED_I if lean else SAVED_I) * i + 2 * kv_dim + (q_dim - h)
     tokens = (prompts_in_pass * tp if shared else rows * tp) + rows * tc
     if w.gradient_checkpointing:
         saved = layers * tokens * h * a + tokens * saved_token * a
