@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_vs_trl.py --cases realistic --repeats 2
     .venv/bin/python benchmarks/bench_vs_trl.py --quick      # the tiny model, 1 repeat: a smoke run
     .venv/bin/python benchmarks/render.py                    # the tables of BENCHMARKS.md
+    .venv/bin/python benchmarks/bench_vs_trl.py --live-memory --repeats 1 ...   # peak RSS of live tensors
 
 Each TRL version is installed by this script into its own virtual environment
 (``benchmarks/.venv-trl-<version>``; not a dependency of rloo), with our torch and transformers pins and
@@ -49,6 +50,11 @@ from summary import summarize  # noqa: E402
 from varied_lengths import arrange, hazard_for, length_distribution  # noqa: E402
 
 TRL_VERSIONS = ("1.16.0", "1.13.0")
+# glibc's threshold above which a block is its own mapping, returned to the system when freed (``--live-memory``:
+# a fixed one also stops glibc from raising it to 32 MiB as large blocks are freed, which keeps freed
+# activations resident in the heap: peak RSS then follows the live tensors, every implementation slower)
+LIVE_MEMORY_THRESHOLD = 65_536
+CHILD_ENV: dict[str, str] = {}
 VARIED_REACH = 0.12  # share of completions at max_completion_length in the varied case
 CASES = {
     "realistic": [
@@ -132,7 +138,7 @@ def run_child(python: Path, script: str, model_dir: Path, case: BenchCase, optio
     command = [str(python), str(HERE / script), str(model_dir), json.dumps(asdict(case)), str(out)]
     if options:
         command.append(json.dumps(options))
-    env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin:/bin", **CHILD_ENV}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600)
     return json.loads(out.read_text())
 
@@ -178,7 +184,14 @@ def main() -> None:
     parser.add_argument("--output", default=str(HERE / "results.json"))
     parser.add_argument("--scaling", action="store_true", help="also rloo's step time as K and T grow (tiny)")
     parser.add_argument("--only", default="", help="comma-separated case labels to keep (e.g. small-8x8-T64)")
+    parser.add_argument(
+        "--live-memory",
+        action="store_true",
+        help=f"children with MALLOC_MMAP_THRESHOLD_={LIVE_MEMORY_THRESHOLD}: peak RSS of live tensors (times slower)",
+    )
     args = parser.parse_args()
+    if args.live_memory:
+        CHILD_ENV["MALLOC_MMAP_THRESHOLD_"] = str(LIVE_MEMORY_THRESHOLD)
     cases = [case for group in args.cases.split(",") for case in CASES[group]]
     if args.only:
         wanted = set(args.only.split(","))
@@ -194,6 +207,7 @@ def main() -> None:
     for version in filter(None, args.trl.split(",")):
         impls[f"trl-{version}"] = (ensure_trl_venv(version), "run_trl.py")
     results: dict[str, Any] = {"implementations": list(impls), "peak_flops": measure_peak_matmul_flops()}
+    results["child_env"] = dict(CHILD_ENV)
     with tempfile.TemporaryDirectory() as tmp:
         folders = build_models(Path(tmp))
         for name in {c.model for c in cases}:
