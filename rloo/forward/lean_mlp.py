@@ -84,8 +84,9 @@ def gated_form(cls: type) -> bool:
             lines = textwrap.dedent(inspect.getsource(cls.forward)).splitlines()  # type: ignore[attr-defined]
         except (OSError, TypeError, AttributeError):
             lines = []
-        match = re.match(r"\s*def forward\(self, (\w+)\)", lines[0]) if lines else None
-        body = [line.strip() for line in lines[1:] if line.strip() and not line.strip().startswith("#")]
+        match = re.match(r"\s*def forward\(self, (\w+)(?:: [\w.]+)?\)", lines[0]) if lines else None
+        code = (line.split("#")[0].strip() for line in lines[1:])  # the forms hold no "#": comments dropped
+        body = [line for line in code if line]
         form = "|".join(body).replace(" ", "")
         if match is not None:
             form = re.sub(rf"\b{match.group(1)}\b", "x", form)

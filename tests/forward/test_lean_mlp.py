@@ -108,6 +108,11 @@ def test_only_the_gated_forms_are_recognized() -> None:
         def forward(self, hidden_state):  # type: ignore[no-untyped-def]
             return self.down_proj(self.act_fn(self.gate_proj(hidden_state)) * self.up_proj(hidden_state))
 
+    class Annotated(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+            return down_proj  # type: ignore[no-any-return]
+
     class Dropped(nn.Module):  # T5Gemma's: a dropout between the product and the down projection
         def forward(self, x):  # type: ignore[no-untyped-def]
             hidden_states = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
@@ -118,7 +123,7 @@ def test_only_the_gated_forms_are_recognized() -> None:
         def forward(self, x):  # type: ignore[no-untyped-def]
             return self.down_proj(self.act_fn(self.gate_proj(x) * 2.0) * self.up_proj(x))
 
-    assert gated_form(Gated)
+    assert gated_form(Gated) and gated_form(Annotated)
     assert not gated_form(Dropped) and not gated_form(Scaled)
 
 

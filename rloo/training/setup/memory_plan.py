@@ -219,7 +219,7 @@ class Workload:
             stored_logprobs=stored,
             fused_head=default_kernel(device_type) == "fused",
             grad_tile_tokens=CPU_GRAD_TOKEN_TILE if device_type == "cpu" else None,
-            lean_mlp=lean_planned(mixed, bool(args.gradient_checkpointing), shards, lora),
+            lean_mlp=lean_planned(mixed, bool(args.gradient_checkpointing or args.torch_compile), shards, lora),
         )
 
 
@@ -228,13 +228,14 @@ def weight_dtype(args: Any) -> str:
     return str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
 
 
-def lean_planned(mixed: bool, checkpointing: bool, shards: int, lora: Any) -> bool:
-    """Whether a run's gated MLPs take :func:`rloo.forward.lean_mlp.lean_gated_mlps`: passes without autocast or
-    gradient checkpointing, unsharded, the down projection not a LoRA layer, and not turned off."""
+def lean_planned(mixed: bool, recomputed: bool, shards: int, lora: Any) -> bool:
+    """Whether a run's gated MLPs take :func:`rloo.forward.lean_mlp.lean_gated_mlps`: passes without autocast,
+    gradient checkpointing or ``torch.compile`` (``recomputed``), unsharded, the down projection not a LoRA
+    layer, and not turned off."""
     targets = None if lora is None else _targets(lora.target_modules)
     down_lora = targets is not None and (targets == "all-linear" or "down_proj" in targets)
     off = os.environ.get(LEAN_VARIABLE, "").strip() == "0"
-    return not (mixed or checkpointing or shards > 1 or down_lora or off)
+    return not (mixed or recomputed or shards > 1 or down_lora or off)
 
 
 def _targets(value: Any) -> Any:

@@ -234,6 +234,8 @@ def test_lean_mlps_save_two_widths_a_token_fewer_where_a_run_takes_them(
     assert not Workload.from_config(bf16, 16).lean_mlp  # autocast
     assert not Workload.from_config(args, 16, build_peft_config({"r": 8, "target_modules": "all-linear"})).lean_mlp
     assert Workload.from_config(args, 16, build_peft_config({"r": 8, "target_modules": ["q_proj"]})).lean_mlp
+    compiled = RLOOConfig(output_dir=str(tmp_path), num_generations=4, bf16=False, torch_compile=True)
+    assert not Workload.from_config(compiled, 16).lean_mlp  # its graphs are traced from the modules as loaded
     monkeypatch.setenv(LEAN_VARIABLE, "0")
     assert not Workload.from_config(args, 16).lean_mlp
 
