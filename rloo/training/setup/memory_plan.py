@@ -172,7 +172,7 @@ class Workload:
     stored_logprobs: int = 0  # (N, Tc) float32 tensors kept from phase 2 (reference, old)
     fused_head: bool = False  # the head's kernel (rloo.forward.fused_head.head_kernel): fused, else chunked
     grad_tile_tokens: int | None = None  # a CPU fused head's training tiles: at most this many tokens (cpu_tiles)
-    lean_mlp: bool = False  # the gated MLPs save two tensors of their width (rloo.forward.lean_mlp.lean_gated_mlps)
+    lean_mlp: bool = False  # gated MLPs may be lean (lean_planned); plan_memory: not under checkpointing or FSDP
 
     @classmethod
     def from_config(
@@ -219,7 +219,7 @@ class Workload:
             stored_logprobs=stored,
             fused_head=default_kernel(device_type) == "fused",
             grad_tile_tokens=CPU_GRAD_TOKEN_TILE if device_type == "cpu" else None,
-            lean_mlp=lean_planned(mixed, bool(args.gradient_checkpointing or args.torch_compile), shards, lora),
+            lean_mlp=lean_planned(mixed, bool(args.torch_compile), lora),
         )
 
 
@@ -228,14 +228,14 @@ def weight_dtype(args: Any) -> str:
     return str((args.model_init_kwargs or {}).get("dtype", "float32")).removeprefix("torch.")
 
 
-def lean_planned(mixed: bool, recomputed: bool, shards: int, lora: Any) -> bool:
-    """Whether a run's gated MLPs take :func:`rloo.forward.lean_mlp.lean_gated_mlps`: passes without autocast,
-    gradient checkpointing or ``torch.compile`` (``recomputed``), unsharded, the down projection not a LoRA
-    layer, and not turned off."""
+def lean_planned(mixed: bool, compiled: bool, lora: Any) -> bool:
+    """Whether a run's gated MLPs may take :func:`rloo.forward.lean_mlp.lean_gated_mlps`: passes without autocast
+    or ``torch.compile``, the down projection not a LoRA layer, and not turned off (gradient checkpointing and
+    FSDP, which a fix may change, are :func:`plan_memory`'s to check)."""
     targets = None if lora is None else _targets(lora.target_modules)
     down_lora = targets is not None and (targets == "all-linear" or "down_proj" in targets)
     off = os.environ.get(LEAN_VARIABLE, "").strip() == "0"
-    return not (mixed or recomputed or shards > 1 or down_lora or off)
+    return not (mixed or compiled or down_lora or off)
 
 
 def _targets(value: Any) -> Any:
@@ -369,7 +369,7 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
 
     # 3. training: one micro-batch's forward and backward, then the optimizer step
     grads = trainable * trainable_bytes / w.shards
-    lean = w.lean_mlp and not w.gradient_checkpointing and w.shards == 1  # as a fix changes them
+    lean = w.lean_mlp and not w.gradient_checkpointing and w.shards == 1  # neither takes the lean MLP
     saved_token = SAVED_H * h + (LEAN_SAVED_I if lean else SAVED_I) * i + 2 * kv_dim + (q_dim - h)
     tokens = (prompts_in_pass * tp if shared else rows * tp) + rows * tc
     if w.gradient_checkpointing:
