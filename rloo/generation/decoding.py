@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from rloo.generation.kv_cache import is_recurrent, select_rows
 from rloo.generation.multimodal import step_positions
 from rloo.generation.sampling import SamplingParams
+from rloo.generation.shared_prefix import full_sdpa_attention
 
 # compact once this fraction of the decode batch has finished: each compaction copies the cache
 # of the rows kept (about one decoding step's cache reads), so it waits for a real saving. The
@@ -70,15 +71,7 @@ def attention_mask_kind(model: nn.Module, cache: Any, padded: bool) -> str:
     """
     if is_recurrent(cache):
         return "none"
-    config: Any = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
-    full = (
-        getattr(config, "_attn_implementation", None) == "sdpa"
-        and getattr(text, "_attn_implementation", "sdpa") == "sdpa"
-        and layer_types == {"full_attention"}
-        and not getattr(text, "sliding_window", None)
-    )
+    full = full_sdpa_attention(model)
     if not full:
         return "2d"
     return "4d" if padded else "none"

@@ -203,8 +203,8 @@ def can_select_rows(cache: Any) -> bool:
         return False
     buffers = {"_key_buffer", "_value_buffer", "keys", "values"}
     for layer in cache.layers:
-        if type(layer) is PreallocatedLayer:
-            if _tensor_attributes(layer) - buffers:
+        if isinstance(layer, PreallocatedLayer):  # a subclass's select_rows keeps the per-row states it adds
+            if type(layer) is PreallocatedLayer and _tensor_attributes(layer) - buffers:
                 return False
             continue
         states = ROW_STATES.get(type(layer))
@@ -217,7 +217,7 @@ def select_rows(cache: Any, indices: torch.Tensor) -> None:
     """Keep rows ``indices`` (a long tensor, in order) of every per-row state of ``cache``, in place.
     Only for a cache :func:`can_select_rows` accepts."""
     for layer in cache.layers:
-        if type(layer) is PreallocatedLayer:
+        if isinstance(layer, PreallocatedLayer):
             layer.select_rows(indices)
             continue
         for name in ROW_STATES[type(layer)]:

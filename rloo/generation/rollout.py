@@ -12,6 +12,7 @@ On a CPU, a decode step's LM head takes a kernel that suits few rows (:mod:`rloo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from rloo.generation.device import model_device
 from rloo.generation.kv_cache import can_select_rows, preallocate, returned_cache, share_prefill
 from rloo.generation.multimodal import VisionInputs, placeholder_token_ids, prompt_positions
 from rloo.generation.sampling import SamplingParams, completion_uniforms, sample_next_token
+from rloo.generation.shared_prefix import share_prefix, shared_prefix_decoding, uses_shared_prefix
 
 
 @dataclass
@@ -156,12 +158,14 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
 @dataclass
 class Prefill:
     """A prefill for P*k rows: :func:`returned_cache`'s keyword and cache, the last-position logits
-    ``(P*k, V)`` and (a Qwen-VL prompt with images) the rows' rope deltas ``(P*k, 1)``."""
+    ``(P*k, V)``, (a Qwen-VL prompt with images) the rows' rope deltas ``(P*k, 1)``, and whether the cache
+    holds each prompt once for its rows' decode (:mod:`rloo.generation.shared_prefix`)."""
 
     keyword: str
     cache: Any
     logits: Tensor
     rope_deltas: Tensor | None = None
+    shared: bool = False
 
 
 def _prefill_forward(
@@ -182,17 +186,24 @@ def _prefill_forward(
     return out, positions.rope_deltas
 
 
-def prefill(model: nn.Module, ids: Tensor, mask: Tensor, k: int, vision: VisionInputs | None = None) -> Prefill:
+def prefill(
+    model: nn.Module, ids: Tensor, mask: Tensor, k: int, vision: VisionInputs | None = None, new_tokens: int = 0
+) -> Prefill:
     """Prefill P left-padded prompts ``(P, Tp)`` (``vision``: their image inputs) for ``k`` samples each.
 
-    Each prompt is run once and its cache shared by its ``k`` rows
-    (:func:`rloo.generation.kv_cache.share_prefill`); a cache it cannot repeat exactly is
+    Each prompt is run once and its cache shared by its ``k`` rows: with ``new_tokens`` (the decode's
+    length) and a model and prompts :func:`rloo.generation.shared_prefix.uses_shared_prefix` takes, held
+    once for all of them (the decode then attends through :func:`shared_prefix_decoding`); otherwise repeated
+    for each (:func:`rloo.generation.kv_cache.share_prefill`); a cache it cannot repeat exactly is
     filled by a second prefill over the ``P*k`` rows instead.
     """
     out, deltas = _prefill_forward(model, ids, mask, vision)
     keyword, cache = returned_cache(model, out)
+    repeated = None if deltas is None else deltas.repeat_interleave(k, dim=0)
+    if new_tokens and uses_shared_prefix(model, cache, k, ids.shape[1]):
+        share_prefix(cache, mask, k, new_tokens)
+        return Prefill(keyword, cache, out.logits[:, -1].repeat_interleave(k, dim=0), repeated, shared=True)
     if k == 1 or share_prefill(cache, k):
-        repeated = None if deltas is None else deltas.repeat_interleave(k, dim=0)
         return Prefill(keyword, cache, out.logits[:, -1].repeat_interleave(k, dim=0), repeated)
     ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
     out, deltas = _prefill_forward(model, ids, mask, None if vision is None else vision.repeat(k))
@@ -282,13 +293,15 @@ def generate_rollouts(
         uniforms = completion_uniforms(sampling_seed, group_ids, k, max_new_tokens, device)
     ids, mask = left_pad(prompt_ids, pad_token_id, device)
     vision = None if vision is None else vision.to(device)
-    with weight_left_head(model):  # the decode steps' LM head: rloo.generation.decode_head
-        filled = prefill(model, ids, mask, k, vision)
+    # the decode steps' LM head (rloo.generation.decode_head) and attention (rloo.generation.shared_prefix)
+    with weight_left_head(model), contextlib.ExitStack() as decoding:
+        filled = prefill(model, ids, mask, k, vision, new_tokens=max_new_tokens)
         prompt_ids_k, prompt_mask_k = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
         total = prompt_ids_k.shape[0]
         padded = any(len(seq) != ids.shape[1] for seq in prompt_ids)
-        cache = preallocate(filled.cache, max_new_tokens)
+        cache = filled.cache if filled.shared else preallocate(filled.cache, max_new_tokens)
         batch = DecodeBatch.start(model, filled, cache, prompt_ids_k, prompt_mask_k, max_new_tokens, padded)
+        decoding.enter_context(shared_prefix_decoding(model, filled.shared))
         compact_at = compact_at if can_select_rows(batch.cache) else None
         check_every = check_every or finished_check_every(device)
         eos = torch.tensor(list(eos_token_ids), device=device)
