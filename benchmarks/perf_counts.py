@@ -110,6 +110,8 @@ CASES = (
     Case("fixed", 4, 4, 16),
     Case("varied", 4, 4, 32, ragged=True, reach=0.12, num_iterations=2),
     Case("long-prompt", 2, 4, 8, prompt_chars=48, padding_free=False),
+    # prompts of rloo.generation.shared_prefix.MIN_PREFIX_TOKENS or more: the decode's shared-prefix attention
+    Case("shared-prefix", 2, 4, 8, prompt_chars=96, padding_free=False),
 )
 
 
