@@ -8,7 +8,7 @@
 
 Each TRL version is installed by this script into its own virtual environment
 (``benchmarks/.venv-trl-<version>``; not a dependency of rloo), with our torch and transformers pins and
-our peft and bitsandbytes (transformers imports them wherever installed: the same imports on both sides).
+our peft, bitsandbytes and triton (transformers imports them wherever installed: the same imports on both sides).
 All implementations load the same locally built Llama folder and character tokenizer, train on the
 same prompts with the same reward and TRL's default math (k1 KL in the reward with beta 0.05,
 sequence-level ratio, num_iterations 1), fp32, no gradient checkpointing, temperature 1.0, the same
@@ -71,9 +71,10 @@ def label(case: BenchCase) -> str:
 
 
 # installed beside rloo, imported by transformers whenever present (``transformers.trainer_utils`` imports
-# peft, peft imports bitsandbytes: about 190 MiB of RSS): TRL's environment gets the same versions, so
-# that both sides start from the same imports
-SHARED_PACKAGES = ("peft", "bitsandbytes")
+# peft, peft imports bitsandbytes: about 190 MiB of RSS; ``from transformers import Trainer`` imports triton,
+# rloo's test extra for its fused head's kernels, as CUDA torch brings it: 85 MiB): TRL's environment gets the
+# same versions, so that both sides start from the same imports
+SHARED_PACKAGES = ("peft", "bitsandbytes", "triton")
 
 
 def shared_pins() -> list[str]:

@@ -203,3 +203,19 @@ def test_the_gpu_benchmark_dry_run_leaves_every_phase_and_the_table(tmp_path: Pa
     assert len(measured) == 5  # sampling, decode step, log-prob passes, update, generation batch
     for cells in measured:
         assert float(cells[1]) > 0 and float(cells[2]) > 0, cells
+
+
+def test_the_shared_prefix_benchmark_compares_both_decodes_quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/shared_prefix.py --quick``: both decodes at each prompt length, the same tokens; the shared
+    prefix's minimum prompt and its variable put back."""
+    import shared_prefix as benchmark
+
+    import rloo.generation.shared_prefix as shared_prefix
+
+    monkeypatch.setenv("RLOO_SHARED_PREFIX", "1")
+    report = benchmark.main(["--quick"])
+    assert [row["prompt_tokens"] for row in report["rows"]] == [16, 96]
+    assert all(
+        row["plain_s"] > 0 and row["shared_s"] > 0 and row["max_logprob_difference"] < 1e-4 for row in report["rows"]
+    )
+    assert shared_prefix.MIN_PREFIX_TOKENS == 64 and os.environ["RLOO_SHARED_PREFIX"] == "1"

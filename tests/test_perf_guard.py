@@ -67,7 +67,9 @@ def test_a_decode_step_costs_fewer_ops_and_syncs_than_generates(collected: dict[
             assert counts[f"decode/{count}"] < generate[f"decode/generate_{count}"], (name, count, counts, generate)
 
 
-def test_the_shared_prefix_case_holds_each_prompt_once(collected: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shared_prefix_case_holds_each_prompt_once(
+    collected: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert CASES["shared-prefix"].prompt_chars >= shared_prefix.MIN_PREFIX_TOKENS > CASES["long-prompt"].prompt_chars
     monkeypatch.setenv("RLOO_SHARED_PREFIX", "0")
     plain, _ = perf_counts.train_counts(CASES["shared-prefix"])
