@@ -3,6 +3,7 @@ prompt length, in one process.
 
     .venv/bin/python benchmarks/shared_prefix.py                      # the benchmark's small model, K = 8
     .venv/bin/python benchmarks/shared_prefix.py --quick              # tiny model, a smoke run
+    python3 benchmarks/shared_prefix.py --device cuda --dtype bfloat16 --prompt-tokens 128,512,2048   # a GPU
 
 For each prompt length: P prompts x K completions of ``--tokens`` new tokens (EOS masked out: every row runs
 them all) from the same per-completion draws, the two decodes alternating (the order swapped each round, a
@@ -64,6 +65,8 @@ def measure(model: Any, tokenizer: Any, ids: list[list[int]], k: int, tokens: in
         for shared in (False, True) if round_ % 2 == 0 else (True, False):
             start = time.perf_counter()
             outs[shared] = run(shared, round_)
+            if outs[shared].completion_ids.is_cuda:
+                torch.cuda.synchronize()
             if round_:  # round 0 warms both up
                 times[shared].append(time.perf_counter() - start)
         # a row's tokens up to its first difference: the rest follow other tokens
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens a row")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (RLOO_SHARED_PREFIX=1 turns it on there)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     parser.add_argument("--quick", action="store_true", help="tiny model, two lengths, 2 rounds")
     parser.add_argument("--output", default="", help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -122,9 +127,9 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_model(Path(tmp), args.model)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype)).eval().to(args.device)
     model.lm_head.register_forward_hook(
-        lambda module, inputs, out: out.index_fill(-1, torch.tensor([tokenizer.eos_token_id]), -1e9)
+        lambda module, inputs, out: out.index_fill(-1, torch.tensor([tokenizer.eos_token_id], device=out.device), -1e9)
     )
     rows = []
     columns = ["prompt tokens", "plain s", "shared prefix s", "shared / plain", "largest log-prob difference"]

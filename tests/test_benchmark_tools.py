@@ -219,3 +219,17 @@ def test_the_shared_prefix_benchmark_compares_both_decodes_quick(monkeypatch: py
         row["plain_s"] > 0 and row["shared_s"] > 0 and row["max_logprob_difference"] < 1e-4 for row in report["rows"]
     )
     assert shared_prefix.MIN_PREFIX_TOKENS == 64 and os.environ["RLOO_SHARED_PREFIX"] == "1"
+
+
+def test_the_decode_head_benchmark_times_the_three_products_quick() -> None:
+    """``benchmarks/decode_head.py --quick``: each product at each row count, equal to ``nn.Linear``'s logits;
+    rloo's block size put back."""
+    import decode_head as benchmark
+
+    from rloo.generation import decode_head
+
+    block = decode_head.VOCAB_BLOCK
+    report = benchmark.main(["--quick"])
+    assert [row["rows"] for row in report["rows"]] == [2, 32]
+    assert all(row["max_difference"] < 1e-4 and row["weight_left_blocks_ms"] > 0 for row in report["rows"])
+    assert block == decode_head.VOCAB_BLOCK

@@ -13,6 +13,15 @@ this project's 2-core CPU (AMD EPYC, MKL 2024.2, torch 2.13), nothing else runni
      8,192 x 512  h @ W^T (ms)  1.1   1.9   2.3   3.0   4.3   6.3   10
                   W @ h^T (ms)  0.4   0.6   1.1   1.5   2.8   5.0   9.0
 
+The product runs in blocks of :data:`VOCAB_BLOCK` vocabulary rows, each block's ``(block, B)`` result
+transposed into the logits while it is still in cache (the whole ``(V, B)`` result transposed at once misses
+it from 16 rows on). ``benchmarks/decode_head.py``, the same machine, 2026-11-29 (median of 21 calls, ms):
+
+    rows                               2     4     8    16    32    64   128
+    32,000 x 512  nn.Linear          7.8   6.2   6.5   6.9   9.3  14.3  25.4
+                  W @ h^T, whole     1.5   1.7   3.7   6.8  10.3  16.8  25.4
+                  W @ h^T, blocks    1.5   1.6   3.3   6.1   9.0  14.6  25.4
+
 A varied-length rollout spends most of its decode steps at 1-13 rows (the long tail of a few
 completions), where the head is most of a step. From a few hundred rows (prefill, the log-prob and
 training passes) the two kernels are even, so only a decode-sized call takes this path
@@ -39,17 +48,23 @@ from torch import Tensor, nn
 MAX_ROWS = 64
 # a head with fewer output columns (vocabulary) keeps nn.Linear's kernel (measured: 8k columns gain 0.3-0.8x)
 MIN_VOCAB = 8_192
+# the vocabulary rows of one product: its (block, B) result is transposed into the logits while in cache
+VOCAB_BLOCK = 4_096
 
 
 def weight_left_linear(head: nn.Linear, hidden: Tensor) -> Tensor:
     """``head(hidden)`` for ``hidden`` ``(..., H)``: ``(W @ h^T)^T + b`` where at most :data:`MAX_ROWS`
-    rows, a contiguous ``(..., V)`` tensor either way."""
+    rows, :data:`VOCAB_BLOCK` rows of ``W`` at a time, a contiguous ``(..., V)`` tensor either way."""
     rows = hidden.reshape(-1, hidden.shape[-1])
     if rows.shape[0] > MAX_ROWS:
         return nn.functional.linear(hidden, head.weight, head.bias)
-    logits = torch.mm(head.weight, rows.t()).t().contiguous()
+    weight, columns = head.weight, rows.t()
+    logits = rows.new_empty((rows.shape[0], weight.shape[0]))
+    for start in range(0, weight.shape[0], VOCAB_BLOCK):  # each block's (block, B) product transposed in cache
+        end = start + VOCAB_BLOCK
+        logits[:, start:end].copy_(torch.mm(weight[start:end], columns).t())
     if head.bias is not None:
-        logits = logits + head.bias
+        logits += head.bias
     return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
 
 

@@ -20,7 +20,8 @@ whose every layer is full attention through SDPA with a plain cache (:func:`uses
 sliding windows, hybrid and linear-attention layers, other cache classes keep the plain decode. A
 call whose keys are not a :class:`SharedPrefixLayer`'s (another forward of the same model), or that
 asks for what this path does not compute (a soft cap, attention sinks, a position bias), gets SDPA
-itself on the whole keys. ``RLOO_SHARED_PREFIX=0`` turns it off.
+itself on the whole keys. ``RLOO_SHARED_PREFIX=0`` turns it off; ``=1`` turns it on on a GPU too (to measure it
+there: ``benchmarks/shared_prefix.py --device cuda``).
 
 It costs about ten more ops a layer a step than SDPA's one (the products' rearrangements, the softmax's
 own ops), which a short prompt's saved reads do not pay for: prompts shorter than :data:`MIN_PREFIX_TOKENS`
@@ -54,9 +55,8 @@ MIN_PREFIX_TOKENS = 64
 _UNSUPPORTED = ("softcap", "sinks", "s_aux", "position_bias", "sliding_window")
 
 _pending = threading.local()  # the SharedPrefixLayer whose update the next attention call reads
-_DISPATCHES: dict[
-    type, bool
-] = {}  # a module class -> whether its forward writes a cache and attends through the registry
+# a module class -> whether its forward writes no cache or attends through the registry (attends_through_registry)
+_DISPATCHES: dict[type, bool] = {}
 _WRITES_CACHE = re.compile(r"\.update\(\s*key")  # cache.update(key_states, ...), layer_past.update(key_layer, ...)
 
 
@@ -215,15 +215,16 @@ def uses_shared_prefix(model: nn.Module, cache: Any, k: int, prompt_length: int)
     """Whether a decode of ``k`` rows a prompt from a prefill's ``cache`` (P rows, padded prompts of
     ``prompt_length`` tokens) takes the shared prefix: K >= 2, prompts of :data:`MIN_PREFIX_TOKENS` or more,
     :func:`full_sdpa_attention` in modules that :func:`attends_through_registry`, a plain ``DynamicCache`` of plain
-    layers on a CPU; not with ``RLOO_SHARED_PREFIX=0``."""
-    if os.environ.get("RLOO_SHARED_PREFIX", "1") == "0" or k < 2 or prompt_length < MIN_PREFIX_TOKENS:
+    layers on a CPU (on any device with ``RLOO_SHARED_PREFIX=1``); never with ``RLOO_SHARED_PREFIX=0``."""
+    setting = os.environ.get("RLOO_SHARED_PREFIX", "")
+    if setting == "0" or k < 2 or prompt_length < MIN_PREFIX_TOKENS:
         return False
     layers = getattr(cache, "layers", None)
     return bool(
         type(cache) is DynamicCache
         and layers
         and all(type(layer) is DynamicLayer and layer.keys is not None and layer.keys.numel() for layer in layers)
-        and all(layer.keys.device.type == "cpu" for layer in layers)
+        and (setting == "1" or all(layer.keys.device.type == "cpu" for layer in layers))
         and full_sdpa_attention(model)
         and all(attends_through_registry(type(module)) for module in model.modules())
     )

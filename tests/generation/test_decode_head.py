@@ -35,6 +35,17 @@ def test_the_weight_left_product_is_the_linear_layers_output(rows: int, bias: bo
     torch.testing.assert_close(logits, head(hidden), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
+def test_a_vocabulary_of_several_blocks_and_a_partial_one_gives_the_same_logits(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rloo.generation.decode_head.VOCAB_BLOCK", 300)  # 1000 = 3 x 300 + 100
+    torch.manual_seed(1)
+    head = nn.Linear(48, 1000)
+    hidden = torch.randn(rows, 1, 48)
+    torch.testing.assert_close(weight_left_linear(head, hidden), head(hidden), atol=1e-5, rtol=1e-5)
+
+
 def test_the_head_is_swapped_within_the_block_only() -> None:
     model = nn.Module()
     head = nn.Linear(8, 32, bias=False)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import rloo.generation.shared_prefix as shared_prefix
@@ -20,6 +21,7 @@ from rloo.generation.shared_prefix import (
     SharedPrefixLayer,
     shared_prefix_attention,
     shared_prefix_decoding,
+    uses_shared_prefix,
 )
 from tests.generation.test_decoding import SelectSpy, assert_same_rollout
 from tests.generation.test_model_families import FAMILIES, build, encode_vision
@@ -242,3 +244,15 @@ def test_vision_families_sample_the_plain_decodes_tokens(
     assert (spy.calls > 0) == (family in SHARED_VISION), f"{family}: shared prefix taken {spy.calls} times"
     assert_same_rollout(shared, plain)
     assert model.config._attn_implementation != SHARED_PREFIX
+
+
+def test_off_a_cpu_it_runs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build("llama", make_tokenizer())
+    layer = DynamicLayer()
+    layer.update(torch.zeros(2, 2, 80, 8, device="meta"), torch.zeros(2, 2, 80, 8, device="meta"))
+    cache = DynamicCache()
+    cache.layers = [layer]
+    assert not uses_shared_prefix(model, cache, 4, 80)  # not measured on a GPU: the plain decode there
+    monkeypatch.setenv("RLOO_SHARED_PREFIX", "1")
+    assert uses_shared_prefix(model, cache, 4, 80)
+    assert not uses_shared_prefix(model, cache, 1, 80) and not uses_shared_prefix(model, cache, 4, 63)
