@@ -7,7 +7,9 @@ fused step (:func:`rloo.generation.sampling.sample_next_token`), the loop stops 
 has emitted EOS, rows that have ended leave the decode batch (:mod:`rloo.generation.decoding`),
 and the log-prob of each sampled token under the sampling policy is
 recorded on the way, so no extra forward pass is needed for it.
-On a CPU, a decode step's LM head takes a kernel that suits few rows (:mod:`rloo.generation.decode_head`).
+On a CPU, a decode step's LM head takes a kernel that suits few rows (:mod:`rloo.generation.decode_head`),
+and prompts of 64 tokens or more are held once for their K rows, their keys and values read once a step
+for all K (:mod:`rloo.generation.shared_prefix`).
 """
 
 from __future__ import annotations
