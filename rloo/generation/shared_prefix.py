@@ -73,6 +73,7 @@ class SharedPrefixLayer(PreallocatedLayer):  # type: ignore[no-untyped-call]
         self.prefix_keys, self.prefix_values, self.prefix_mask = keys, values, prompt_mask.bool()
         self.group_size, self.total = k, prompts * k
         self.rows = torch.arange(self.total, device=keys.device)
+        self._padded = not bool(self.prefix_mask.all())  # read once: a compaction keeps the prompts
         self._own()
         self._set_row_prefix_mask()
 
@@ -98,8 +99,7 @@ class SharedPrefixLayer(PreallocatedLayer):  # type: ignore[no-untyped-call]
 
     def _set_row_prefix_mask(self) -> None:
         """Each row's prompt mask ``(B, 1, 1, Lp)``, or None where no prompt has padding."""
-        padded = not bool(self.prefix_mask.all())
-        self.row_prefix_mask = self.prefix_mask[self.rows // self.group_size][:, None, None] if padded else None
+        self.row_prefix_mask = self.prefix_mask[self.rows // self.group_size][:, None, None] if self._padded else None
 
     def whole(self) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's keys and values over its prompt and its own tokens ``(B, Hkv, Lp + t, D)``, and its mask
