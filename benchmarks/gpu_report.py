@@ -176,7 +176,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any] | None:
     return got
 
 
-def main_table(rloo: dict[str, Any], trl: dict[str, Any]) -> list[str]:
+def main_table(rloo: dict[str, Any], trl: dict[str, Any], ab: dict[str, Any] | None = None) -> list[str]:
     lines = [
         "| phase | rloo | TRL | rloo/TRL | floor | rloo/floor | TRL/floor |",
         "|---|---|---|---|---|---|---|",
@@ -188,6 +188,11 @@ def main_table(rloo: dict[str, Any], trl: dict[str, Any]) -> list[str]:
         lines.append(f"| fixed, TRL with continuous batching | | unsupported: {cb.get('reason')} | | | | |")
     elif cb:
         lines += case_rows("fixed, TRL continuous batching", summarize(rloo.get("fixed", {})), summarize(cb))
+    ours = (ab or {}).get("cb fixed", {})
+    if ours.get("status") == "unsupported":
+        lines.append(f"| fixed, rloo with continuous batching | unsupported: {ours.get('reason')} | | | | | |")
+    elif ours:  # the same engine on both sides: what is left is the trainers' own phases
+        lines += case_rows("fixed, both continuous batching", summarize(ours), summarize(cb) if cb else None)
     return lines
 
 
@@ -234,7 +239,7 @@ def report(out: Path) -> Path:
         if run.get("status") not in ("done", "unsupported"):
             error = (run.get("error") or "no error recorded (killed at its time limit?)").strip().splitlines()
             print(f"{name}: {run.get('status')}, {len(run.get('batches', []))} batches: {error[-1]}")
-    tables = {"ab": ab_table(rloo, ab), "repro": repro_table(repro), "main": main_table(rloo, trl)}
+    tables = {"ab": ab_table(rloo, ab), "repro": repro_table(repro), "main": main_table(rloo, trl, ab)}
     summary = {
         "device": device,
         "peaks": peaks_for(device),

@@ -133,8 +133,11 @@ def run_rloo(spec: Spec, rec: Recorder, started: Callable[[Any], None], done: Ca
     from rloo.training.timing import PhaseTimer
 
     per_generation = TRAINING["steps_per_generation"]
-    # graphs-fused: the captured decode step and the fused LM head, both opt-in until a GPU has run them
-    extra = {"sampler_cuda_graphs": True} if spec.variant == "graphs-fused" else {}
+    # graphs-fused: the captured decode step and the fused LM head, both opt-in until a GPU has run them;
+    # cb: transformers' continuous batching behind rloo's engine seam (rloo/generation/continuous_batching.py)
+    extra: dict[str, Any] = {"sampler_cuda_graphs": True} if spec.variant == "graphs-fused" else {}
+    if spec.variant == "cb":
+        extra = {"use_transformers_continuous_batching": True}
     args = RLOOConfig(
         output_dir=tempfile.mkdtemp(),
         max_steps=spec.batches * per_generation,
@@ -190,15 +193,18 @@ def run_rloo(spec: Spec, rec: Recorder, started: Callable[[Any], None], done: Ca
         trainer.train()
 
 
-def continuous_batching_unsupported() -> str | None:
-    """Why TRL's ``use_transformers_continuous_batching`` cannot run here, or None when it can."""
+def continuous_batching_unsupported(impl: str) -> str | None:
+    """Why ``use_transformers_continuous_batching`` cannot run here for ``impl`` (rloo, trl), or None when it can."""
     from transformers import GenerationMixin
+
+    if not hasattr(GenerationMixin, "generate_batch"):
+        return f"transformers {metadata.version('transformers')} has no generate_batch"
+    if impl == "rloo":
+        return None
     from trl import RLOOConfig
 
     if "use_transformers_continuous_batching" not in {f.name for f in dataclasses.fields(RLOOConfig)}:
         return f"TRL {metadata.version('trl')} has no use_transformers_continuous_batching"
-    if not hasattr(GenerationMixin, "generate_batch"):
-        return f"transformers {metadata.version('transformers')} has no generate_batch"
     return None
 
 

@@ -44,7 +44,7 @@ from gpu_runners import TRAINING, Spec, continuous_batching_unsupported, run_rlo
 SIZES = {"prompt": 512, "varied_prompts": [384, 512], "completion": 256, "reach": 0.12, "vocab": 151_936}
 QUICK_SIZES = {"prompt": 16, "varied_prompts": [10, 16], "completion": 8, "reach": 0.3, "vocab": 256}
 # rloo: cuDNN attention off, TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, the captured decode step with the fused LM head;
-# TRL: use_transformers_continuous_batching
+# both: use_transformers_continuous_batching (rloo: its engine seam, rloo/generation/continuous_batching.py)
 VARIANTS = ("as-is", "torch-order", "cudnn-off", "avoid-recompile", "graphs-fused", "cb")
 
 
@@ -138,7 +138,7 @@ def run_case(spec: Spec, out: Path, key: str) -> bool:
         "batches": [],
         "profile": None,
     }
-    if spec.variant == "cb" and (reason := continuous_batching_unsupported()) is not None:
+    if spec.variant == "cb" and (reason := continuous_batching_unsupported(spec.impl)) is not None:
         write_entry(out, key, {**record, "status": "unsupported", "reason": reason})
         print(f"{key}: unsupported ({reason})", flush=True)
         return True

@@ -3,7 +3,8 @@
 # RLOOTrainer phase by phase on a random model of Qwen2.5-0.5B's shape (benchmarks/gpu_vs_trl.py), a fixed-length
 # and a varied-length case, a reduced profile of each implementation's last fixed batch; A/B toggles of cuDNN
 # attention for rloo; the H200 bf16 repro of async_overlap.py with and without cuDNN attention; last, rloo with
-# its captured decode step and fused LM head (both opt-in until a GPU has run them).
+# its captured decode step and fused LM head (both opt-in until a GPU has run them), and rloo and TRL each with
+# transformers' continuous batching.
 # Each part has its own time limit, cut to what is left of TOTAL seconds (540), so a part that hangs or runs long
 # leaves the others' numbers; every part writes its JSON as it goes. The last lines printed are the tables
 # (benchmarks/gpu_report.py). Results: $OUT (or ./gpu-out), at most 8 files.
@@ -65,14 +66,16 @@ part trl-fixed 90 "${run[@]}" trl fixed "$MODELS" "$OUT/trl.json" --batches $BAT
 part rloo-varied 40 "${run[@]}" rloo varied "$MODELS" "$OUT/rloo.json" --batches $BATCHES
 part trl-varied 45 "${run[@]}" trl varied "$MODELS" "$OUT/trl.json" --batches $BATCHES
 # rloo as is prefers flash/efficient attention to cuDNN; torch-order runs torch's own order (cuDNN first on H100/H200)
-part ab-torch-order 50 "${run[@]}" rloo fixed,varied "$MODELS" "$OUT/ab.json" --batches 2 --variant torch-order
-part ab-avoid-recompile 35 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant avoid-recompile
+part ab-torch-order 45 "${run[@]}" rloo fixed,varied "$MODELS" "$OUT/ab.json" --batches 2 --variant torch-order
+part ab-avoid-recompile 30 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant avoid-recompile
 part trl-cb 30 "${run[@]}" trl fixed "$MODELS" "$OUT/trl.json" --batches 2 --variant cb
-part repro-cudnn-on 40 env RLOO_SDPA_PRIORITY=torch $PY benchmarks/async_overlap.py "${REPRO[@]}" --only "synchronous;synchronous, fp32" \
+# rloo with transformers' continuous batching behind its engine seam: the faster sampler becomes the CUDA default
+part rloo-cb 30 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant cb
+part repro-cudnn-on 30 env RLOO_SDPA_PRIORITY=torch $PY benchmarks/async_overlap.py "${REPRO[@]}" --only "synchronous;synchronous, fp32" \
     --out "$OUT/repro.json" --merge
 part repro-cudnn-off 25 $PY benchmarks/async_overlap.py "${REPRO[@]}" --only synchronous --no-cudnn-sdp \
     --out "$OUT/repro.json" --merge
 # last, with what is left: rloo's captured decode step and fused LM head, opt-in until a GPU has run them
-part ab-graphs-fused 40 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant graphs-fused
+part ab-graphs-fused 30 "${run[@]}" rloo fixed "$MODELS" "$OUT/ab.json" --batches 2 --variant graphs-fused
 # limits: 45 in the set-up + 485 in the parts + 10 here = 540
 timeout -k 5 10 $PY benchmarks/gpu_report.py "$OUT" 2>>"$OUT/log.txt"

@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """:func:`measure` at each of ``args.prompt_tokens``, printed as a table row as it comes."""
+def eos_masked_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: ``args.model`` of ``common.MODEL_SIZES`` in ``args.dtype`` on ``args.device``, in eval
+    mode, its EOS logit masked out (every row decodes all its tokens)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,6 +132,12 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     model.lm_head.register_forward_hook(
         lambda module, inputs, out: out.index_fill(-1, torch.tensor([tokenizer.eos_token_id], device=out.device), -1e9)
     )
+    return model, tokenizer
+
+
+def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """:func:`measure` at each of ``args.prompt_tokens``, printed as a table row as it comes."""
+    model, tokenizer = eos_masked_model(args)
     rows = []
     columns = ["prompt tokens", "plain s", "shared prefix s", "shared / plain", "largest log-prob difference"]
     print("| " + " | ".join([*columns, "rows with a flip"]) + " |")

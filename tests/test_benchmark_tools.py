@@ -233,3 +233,14 @@ def test_the_decode_head_benchmark_times_the_three_products_quick() -> None:
     assert [row["rows"] for row in report["rows"]] == [2, 32]
     assert all(row["max_difference"] < 1e-4 and row["weight_left_blocks_ms"] > 0 for row in report["rows"])
     assert block == decode_head.VOCAB_BLOCK
+
+
+def test_the_sampler_engines_benchmark_times_both_engines_quick() -> None:
+    """``benchmarks/sampler_engines.py --quick``: rloo's sampler and transformers' continuous batching on the same
+    prompts, each one's log-probs those of rloo's forward."""
+    import sampler_engines as benchmark
+
+    report = benchmark.main(["--quick"])
+    (row,) = report["rows"]
+    assert row["prompt_tokens"] == 16 and row["rloo_s"] > 0 and row["continuous_batching_s"] > 0
+    assert row["rloo_logprob_gap"] < 1e-4 and row["continuous_batching_logprob_gap"] < 1e-4

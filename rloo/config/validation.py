@@ -98,6 +98,7 @@ def check_combinations(config: RLOOConfig) -> None:
             config.sampler_cuda_graphs,
             "applies to rloo's own sampler, and with use_vllm=True vLLM samples (with graphs of its own); drop one",
         )
+    _check_continuous_batching(config)
     _check_batches(config)
     estimator = config.algorithm.advantage_estimator
     if config.dynamic_sampling and not group_baseline(estimator):
@@ -107,6 +108,35 @@ def check_combinations(config: RLOOConfig) -> None:
             f"advantage_estimator={estimator!r} gives a group whose rewards are all equal a non-zero advantage "
             "(it has no group baseline), so those groups teach and must not be dropped; use a group baseline "
             "(rloo, grpo, group_mean, reinforce_pp_baseline) or dynamic_sampling=False",
+        )
+
+
+def _check_continuous_batching(config: RLOOConfig) -> None:
+    """What transformers' continuous batching (:mod:`rloo.generation.continuous_batching`) cannot be combined with."""
+    if not config.use_transformers_continuous_batching:
+        return
+    field = "use_transformers_continuous_batching"
+    if config.use_vllm:
+        raise fail(field, True, "with use_vllm=True: both choose the sampling engine; keep one")
+    if config.sampler_cuda_graphs:
+        raise fail(
+            field,
+            True,
+            "with sampler_cuda_graphs, a setting of rloo's own sampler; drop one",
+        )
+    if config.repetition_penalty != 1.0:
+        raise fail(
+            "repetition_penalty",
+            config.repetition_penalty,
+            "transformers' continuous batching does not apply it (its engine drops the processor): set 1.0, or "
+            "use rloo's sampler (use_transformers_continuous_batching=False)",
+        )
+    if config.min_p:
+        raise fail(
+            "min_p",
+            config.min_p,
+            "transformers' continuous batching does not check it (its engine may drop the processor): set None, "
+            "or use rloo's sampler (use_transformers_continuous_batching=False)",
         )
 
 

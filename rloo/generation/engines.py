@@ -1,10 +1,12 @@
 """The engine table: which :class:`~rloo.generation.rollout.SamplingEngine` a run samples with, and what the
 rest of the step needs to know of it.
 
-An engine is one file (rloo's own sampler: :mod:`rloo.generation.rollout`; vLLM: :mod:`rloo.generation.vllm`)
+An engine is one file (rloo's own sampler: :mod:`rloo.generation.rollout`; vLLM: :mod:`rloo.generation.vllm`;
+transformers' continuous batching: :mod:`rloo.generation.continuous_batching`)
 and one entry in :data:`ENGINES`: a builder from the config, and the engine's declared properties, which
 phases 3-4 read (:class:`rloo.training.experience.ExperienceMaker`) instead of asking which engine it is.
-The config chooses the name (:func:`engine_name`: ``use_vllm`` and ``vllm_mode`` today).
+The config chooses the name (:func:`engine_name`: ``use_vllm`` and ``vllm_mode``, and
+``use_transformers_continuous_batching``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rloo.generation.continuous_batching import continuous_batching_sampler
 from rloo.generation.rollout import SamplingEngine
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.vllm.sampler import colocated_sampler, server_sampler
@@ -24,7 +27,7 @@ class EngineEntry:
     ``sampler_cuda_graphs``); ``separate``: it samples with other kernels than rloo's forward (and its own
     copy of the weights), so its log-probs never equal rloo's and every batch is off-policy;
     ``processed_logprobs``: the log-probs it returns are of the distribution after repetition penalty and
-    truncation (top-k, top-p, min-p), as vLLM's are."""
+    truncation (top-k, top-p, min-p), as vLLM's and transformers' continuous batching's are."""
 
     build: Callable[[Any], SamplingEngine | None]
     separate: bool = False
@@ -45,12 +48,20 @@ ENGINES: dict[str, EngineEntry] = {
     "rloo": EngineEntry(_own_sampler),
     "vllm_server": EngineEntry(server_sampler, separate=True, processed_logprobs=True),
     "vllm_colocate": EngineEntry(colocated_sampler, separate=True, processed_logprobs=True),
+    "transformers_continuous_batching": EngineEntry(
+        continuous_batching_sampler, separate=True, processed_logprobs=True
+    ),
 }
 
 
 def engine_name(config: Any) -> str:
-    """The engine a config asks for: ``vllm_<vllm_mode>`` with ``use_vllm``, else ``rloo``."""
-    return f"vllm_{config.vllm_mode}" if getattr(config, "use_vllm", False) else "rloo"
+    """The engine a config asks for: ``vllm_<vllm_mode>`` with ``use_vllm``, ``transformers_continuous_batching``
+    with ``use_transformers_continuous_batching``, else ``rloo``."""
+    if getattr(config, "use_vllm", False):
+        return f"vllm_{config.vllm_mode}"
+    if getattr(config, "use_transformers_continuous_batching", False):
+        return "transformers_continuous_batching"
+    return "rloo"
 
 
 def engine_entry(config: Any) -> EngineEntry:

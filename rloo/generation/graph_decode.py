@@ -160,6 +160,13 @@ class _Sampling:
 _SAMPLING: weakref.WeakKeyDictionary[nn.Module, _Sampling] = weakref.WeakKeyDictionary()
 
 
+def sampling_model(model: nn.Module) -> tuple[nn.Module, contextlib.AbstractContextManager[Any]]:
+    """The module that samples for ``model`` and the context it runs in (:meth:`_Sampling.sampling_model`: its
+    bf16 copy, refreshed, with autocast off, under bf16 autocast), for any sampler that wants bf16 weights
+    rather than autocast (the static step; transformers' continuous batching, whose thread autocast misses)."""
+    return _SAMPLING.setdefault(model, _Sampling()).sampling_model(model)
+
+
 def _spec(
     model: nn.Module, cache: Any, keyword: str, logits: Tensor, rows: int, prompt: int, **fixed: Any
 ) -> DecodeSpec:

@@ -157,6 +157,61 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
     return ids.to(device), mask.to(device)
 
 
+def rollout_from(
+    completions: list[list[int]],
+    logprobs: list[list[float]],
+    prompt_ids: Sequence[Sequence[int]],
+    group_ids: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    device: torch.device,
+    keep_logprobs: bool,
+    stop: Callable[..., Tensor] | None = None,
+) -> Rollout:
+    """A :class:`Rollout` of another engine's completions (vLLM's, transformers' continuous batching's): cut
+    after the first EOS, or after the token at which ``stop`` (rloo's
+    :class:`~rloo.generation.stopping.StopStrings`, run over the tokens as the sampler runs it) says the text
+    holds a stop string; right-padded, masked; truncated where neither came within
+    ``max_new_tokens``. A completion the engine ended early for a stop string is not truncated either."""
+    eos = set(eos_token_ids)
+    cut = []
+    for ids in completions:
+        end = next((i + 1 for i, token in enumerate(ids) if token in eos), None)
+        kept = ids[:end] if end is not None else ids[:max_new_tokens]
+        cut.append((kept, end is None and len(kept) >= max_new_tokens))  # shorter, no EOS: a stop string
+    width = max(1, max(len(ids) for ids, _ in cut))
+    completion_ids = torch.full((len(cut), width), pad_token_id, dtype=torch.long)
+    sampled = torch.zeros((len(cut), width))
+    for row, ((ids, _), row_logprobs) in enumerate(zip(cut, logprobs, strict=True)):
+        completion_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if keep_logprobs and ids:
+            sampled[row, : len(ids)] = torch.tensor(row_logprobs[: len(ids)])
+    lengths = torch.tensor([len(ids) for ids, _ in cut])
+    truncated = torch.tensor([t for _, t in cut])
+    if stop is not None:  # rloo's stop rule, token by token, so both samplers end a completion alike
+        active = lengths > 0
+        for step in range(width):
+            active &= lengths > step
+            ends = stop([completion_ids[:, i] for i in range(step + 1)], active)
+            lengths = torch.where(ends, step + 1, lengths)
+            truncated &= ~ends
+            active &= ~ends
+    mask = completion_mask_from_lengths(lengths, width)
+    completion_ids = torch.where(mask.bool(), completion_ids, pad_token_id)
+    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id, device)
+    return Rollout(
+        prompt_ids=prompts.repeat_interleave(k, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(k, dim=0),
+        completion_ids=completion_ids.to(device),
+        completion_mask=mask.to(device),
+        truncated=truncated.to(device),
+        sampling_logprobs=(sampled * mask).to(device),
+        group_ids=torch.tensor(list(group_ids), device=device).repeat_interleave(k),
+    )
+
+
 @dataclass
 class Prefill:
     """A prefill for P*k rows: :func:`returned_cache`'s keyword and cache, the last-position logits

@@ -68,7 +68,7 @@ def test_flags_take_the_tokens_their_kind_says() -> None:
         (["--learning_rate"], "--learning_rate needs a value"),
         (["--generation_kwargs", "[1]"], "--generation_kwargs takes a JSON object"),
         # a TRL setting rloo refuses gets TRL's reason, as in Python, not a bare "unknown flag"
-        (["--use_transformers_paged", "true"], "`--use_transformers_paged` is a TRL setting rloo does not support"),
+        (["--hub_token", "x"], "`--hub_token` is a TRL setting rloo does not support"),
         (
             ["a.yaml", "b.yaml"],
             "override 'b.yaml' must look like key=value (e.g. learning_rate=1e-5); the run file is 'a.yaml'",

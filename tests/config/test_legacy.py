@@ -34,6 +34,7 @@ OLDER: list[tuple[str, Any]] = [
     ("num_ppo_epochs", 2),
     ("response_length", 64),
     ("exp_name", "my-run"),
+    ("use_transformers_paged", True),
 ]
 
 

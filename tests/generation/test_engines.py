@@ -46,7 +46,9 @@ def test_the_engines_declare_what_the_step_reads() -> None:
 
 def test_an_unknown_engine_names_the_known_ones(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(engines, "engine_name", lambda config: "sglang")
-    with pytest.raises(ValueError, match=r"no sampling engine 'sglang'; the engines are \['rloo', 'vllm_colocate'"):
+    with pytest.raises(
+        ValueError, match=r"no sampling engine 'sglang'; the engines are \['rloo', 'transformers_continuous_batching'"
+    ):
         engine_entry(RLOOConfig(output_dir=str(tmp_path)))
 
 

@@ -1,5 +1,5 @@
-"""The ``RLOOConfig`` fields of generation on vLLM (TRL's names and defaults): which engine samples, and
-where the server is.
+"""The ``RLOOConfig`` fields of the other sampling engines (TRL's names and defaults): vLLM, where its server is,
+and transformers' continuous batching (:mod:`rloo.generation.continuous_batching`).
 
 ``vllm_mode="server"``: a ``rloo vllm-serve`` process on its own devices (:mod:`rloo.generation.vllm.client`);
 ``colocate`` (TRL's default): vLLM inside the training process (:mod:`rloo.generation.vllm.colocate`), which
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rloo.algo.importance import IMPORTANCE_SAMPLING_MODES
 from rloo.config.errors import fail
+from rloo.config.field_types import KeywordMapping
 from rloo.config.fields.declare import option
 
 
@@ -97,6 +98,21 @@ class VLLMFields:
         None,
         "The importance weights' lower bound C_min, >= 0 and < C_max; None: none.",
         trl="vllm_importance_sampling_clip_min",
+    )
+    use_transformers_continuous_batching: bool = option(
+        False,
+        "Sample with transformers' continuous batching (model.generate_batch: a paged KV cache, each prompt's K "
+        "samples forked from its prefill, requests leaving the batch as they finish), as TRL's field does. rloo "
+        "sizes its cache to the batch (unless transformers_continuous_batching_config sets num_blocks or "
+        "max_memory_percent) and keeps the run's random state. Text prompts, no repetition_penalty or min_p "
+        "(transformers' engine drops them); not with use_vllm or sampler_cuda_graphs.",
+        trl="use_transformers_continuous_batching",
+    )
+    transformers_continuous_batching_config: KeywordMapping | None = option(
+        None,
+        "Keyword arguments of transformers' ContinuousBatchingConfig (e.g. {'page_size': 128, "
+        "'use_cuda_graph': true}), checked against its fields when the engine is built.",
+        trl="transformers_continuous_batching_config",
     )
     vllm_structured_outputs_regex: str | None = option(
         None,

@@ -36,6 +36,7 @@ RENAMED: dict[str, str] = {
     "num_ppo_epochs": "num_iterations",
     "response_length": "max_completion_length",
     "exp_name": "run_name",  # TRL 0.22 renamed it
+    "use_transformers_paged": "use_transformers_continuous_batching",  # TRL 1.2 deprecated it
 }
 
 # older TRL name -> what to do instead (the rest of TRL v0.22.0's deprecated and removed names)
@@ -58,10 +59,6 @@ REFUSED: dict[str, str] = {
 
 # today's TRL fields for engines rloo does not have: refused with the reason, never ignored
 UNSUPPORTED: dict[str, str] = {
-    "use_transformers_continuous_batching": "rloo samples with its own KV-cached sampler (one prefill per prompt "
-    "shared by its K samples); remove it",
-    "transformers_continuous_batching_config": "rloo samples with its own KV-cached sampler; remove it",
-    "use_transformers_paged": "rloo samples with its own KV-cached sampler; remove it",
     "hub_token": "a token would be written to config.yaml; set HF_TOKEN or run `hf auth login` instead",
 }
 

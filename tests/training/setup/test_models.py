@@ -314,10 +314,10 @@ def test_gradient_checkpointing_kwargs_reach_torch_checkpoint(tmp_path: Path) ->
 
 
 # ----------------------------------------------------------------- TRL fields that must do what they say
-@pytest.mark.parametrize("name", ["use_transformers_paged", "use_transformers_continuous_batching"])
-def test_trl_generation_engines_are_refused_saying_why(name: str) -> None:
-    with pytest.raises(ValueError, match=rf"RLOOConfig\({name}=...\) is a TRL setting rloo does not support"):
-        RLOOConfig(**{name: True})
+def test_trls_older_engine_name_is_todays(tmp_path: Path) -> None:
+    with pytest.warns(FutureWarning, match=r"use_transformers_paged=...\) is TRL's older name"):
+        config = RLOOConfig(output_dir=str(tmp_path), use_transformers_paged=True)
+    assert config.use_transformers_continuous_batching  # tests/generation/test_continuous_batching.py: the engine
 
 
 @pytest.mark.parametrize(
