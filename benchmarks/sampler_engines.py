@@ -9,13 +9,16 @@ For each prompt length: P prompts x K completions of ``--tokens`` new tokens (EO
 all), each engine called as the trainer calls it (the same arguments, per-completion seeds), alternating (the
 order swapped each round, a warm-up of each first); seconds are medians, with the device synchronized. Also the
 largest difference between each engine's log-prob of its sampled tokens and rloo's own forward's (both engines
-record them; continuous batching's come from its paged attention, rloo's sampler's from its decode step).
+record them; continuous batching's come from its paged attention, rloo's sampler's from its decode step), and
+the process's peak RSS. ``--cb-config '{"max_memory_percent": 0.9}'`` hands the engine its own cache sizing
+back (a share of the free memory: on a CPU, of the machine's RAM) to measure what rloo's sizing saves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -45,13 +48,16 @@ def scored_gap(model: Any, rollout: Any) -> float:
     return float((ours - rollout.sampling_logprobs).abs().max())
 
 
-def measure(model: Any, tokenizer: Any, ids: list[list[int]], k: int, tokens: int, rounds: int) -> dict[str, Any]:
-    """Median seconds of each engine over ``rounds`` (after a warm-up round), and each one's log-prob gap."""
+def measure(
+    model: Any, tokenizer: Any, ids: list[list[int]], k: int, tokens: int, rounds: int, cb_config: dict[str, Any]
+) -> dict[str, Any]:
+    """Median seconds of each engine over ``rounds`` (after a warm-up round), and each one's log-prob gap;
+    ``cb_config``: transformers' ``ContinuousBatchingConfig`` keywords."""
     from rloo.generation.continuous_batching import ContinuousBatchingSampler
     from rloo.generation.rollout import generate_rollouts
     from rloo.generation.sampling import SamplingParams
 
-    engines = {"rloo": generate_rollouts, "continuous batching": ContinuousBatchingSampler()}
+    engines = {"rloo": generate_rollouts, "continuous batching": ContinuousBatchingSampler(cb_config)}
     common = {
         "num_generations": k,
         "max_new_tokens": tokens,
@@ -94,11 +100,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     parser.add_argument("--quick", action="store_true", help="tiny model, one length, 1 round")
+    parser.add_argument("--cb-config", type=json.loads, default={}, help="ContinuousBatchingConfig keywords, JSON")
     parser.add_argument("--output", default="", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.prompt_tokens, args.rounds, args.tokens, args.prompts = "tiny", "16", 1, 8, 2
-    report = {"settings": {k: v for k, v in vars(args).items() if k != "output"}, "rows": compare(args)}
+    report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "output"}}
+    report["rows"] = compare(args)
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {report['peak_rss_mib']:.0f} MiB")
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=1))
     return report
@@ -112,7 +122,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("|---|---|---|---|---|---|")
     for length in (int(n) for n in args.prompt_tokens.split(",")):
         ids = [tokenizer(row["prompt"])["input_ids"] for row in prompts(args.prompts, length)]
-        row = {"prompt_tokens": length, **measure(model, tokenizer, ids, args.k, args.tokens, args.rounds)}
+        timed = measure(model, tokenizer, ids, args.k, args.tokens, args.rounds, args.cb_config)
+        row = {"prompt_tokens": length, **timed}
         rows.append(row)
         print(
             f"| {length} | {row['rloo_s']:.3f} | {row['continuous_batching_s']:.3f} | {row['ratio']:.2f} "
