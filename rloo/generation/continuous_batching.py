@@ -30,7 +30,10 @@ so the trainer scores the batch with its own forward where it needs log-probs, a
 
 Not taken (refused when the config is checked, or here): repetition penalty and min-p (transformers' engine
 drops or does not check those processors), images (transformers' engine takes token ids only), FSDP-sharded
-parameters (the engine's thread runs forwards no other process joins).
+parameters (the engine's thread runs forwards no other process joins), models whose cache holds other layers
+than full or sliding attention (hybrid and state-space models: :func:`attention_only_reason`); a model the
+engine fails on (GPT-NeoX, OPT, Falcon, Gemma 4 in transformers 5.24) is named with the families tested
+(:data:`TESTED_FAMILIES`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ from rloo.generation.rollout import Rollout, SamplingEngine, rollout_from
 from rloo.generation.sampling import SamplingParams
 from rloo.suggest import did_you_mean
 
+# the text families whose greedy tokens under transformers' engine equal rloo's sampler's (transformers 5.24,
+# tests/generation/test_continuous_batching.py); of rloo's other families, the hybrid and state-space ones are
+# refused before the call (attention_only_reason), and others fail inside it (GPT-NeoX, OPT and Falcon call cache
+# methods its paged cache lacks, Gemma 4 reads a per-layer head size) and are named when they do
+TESTED_FAMILIES = ("gemma2", "gemma3", "gpt2", "llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe")
 _SEED_STRIDE = 1_000_003  # a prime: sampling seeds of different runs stay apart (as the vLLM sampler's)
 # the engine's own sizing of its cache; rloo sizes it to the batch when the user set none of them
 _SIZING = ("num_blocks", "max_memory_percent")
@@ -128,6 +136,31 @@ def ordered_outputs(outputs: Mapping[str, Any], count: int, k: int) -> list[Any]
     return list(outputs.values())
 
 
+def attention_only_reason(model: nn.Module) -> str | None:
+    """Why transformers' engine cannot page ``model``'s cache (layers other than full or sliding attention:
+    state-space, linear attention, convolution, KV-shared), or None; from transformers' own cache layout."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    config = getattr(model, "config", None)
+    try:
+        layers = DynamicCache(config=config.get_text_config()).layers if config is not None else []
+    except Exception:  # a config transformers' cache cannot lay out: the engine's own error will say more
+        return None
+    kinds = sorted(
+        {type(layer).__name__ for layer in layers} - {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__}
+    )
+    return f"its cache has {', '.join(kinds)} layers, which the engine's paged cache does not hold" if kinds else None
+
+
+def _refusal(model: nn.Module, why: str) -> str:
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    return (
+        f"use_transformers_continuous_batching cannot sample model type {family!r}: {why}. Families tested with "
+        f"it: {', '.join(TESTED_FAMILIES)}; sample this one with rloo's sampler (use_transformers_continuous_batching"
+        "=False)"
+    )
+
+
 def _seed(group_ids: Sequence[int], sampling_seed: int | None, generator: torch.Generator | None) -> int | None:
     if sampling_seed is not None:
         return (sampling_seed * _SEED_STRIDE + int(group_ids[0])) % 2**31
@@ -174,6 +207,8 @@ class ContinuousBatchingSampler(SamplingEngine):
                 "use_transformers_continuous_batching with FSDP-sharded parameters: the engine's forwards run in a "
                 "thread no other process joins; use rloo's sampler"
             )
+        if (why := attention_only_reason(model)) is not None:
+            raise NotImplementedError(_refusal(model, why))
         k, device = num_generations, model_device(model)
         config = continuous_batching_config(
             {**self.settings, "seed": _seed(group_ids, sampling_seed, generator)},
@@ -185,14 +220,23 @@ class ContinuousBatchingSampler(SamplingEngine):
         sampler, precision = sampling_model(model)
         forked = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=forked), precision:
-            outputs = sampler.generate_batch(  # type: ignore[operator]
-                [list(ids) for ids in prompt_ids],
-                generation_config=generation,
-                continuous_batching_config=config,
-                progress_bar=False,
-            )
+            try:
+                outputs = sampler.generate_batch(  # type: ignore[operator]
+                    [list(ids) for ids in prompt_ids],
+                    generation_config=generation,
+                    continuous_batching_config=config,
+                    progress_bar=False,
+                )
+            except Exception as error:  # the engine refused the model before sampling (a config, a layer type)
+                raise RuntimeError(_refusal(model, f"{type(error).__name__}: {error}")) from error
         each = generation.num_return_sequences  # greedy: one, the same for all K
-        ordered = [out for out in ordered_outputs(outputs, len(prompt_ids), each) for _ in range(k // each)]
+        try:
+            answered = ordered_outputs(outputs, len(prompt_ids), each)
+        except RuntimeError as error:  # every request failed alike: a model the engine cannot run
+            if all(output.error is not None for output in outputs.values()):
+                raise RuntimeError(_refusal(model, str(error))) from error
+            raise
+        ordered = [out for out in answered for _ in range(k // each)]
         return rollout_from(
             [list(output.generated_tokens) for output in ordered],
             [list(output.logprobs) for output in ordered],

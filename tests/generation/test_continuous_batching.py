@@ -16,6 +16,7 @@ from torch import Tensor
 from rloo import RLOOConfig
 from rloo.generation import continuous_batching
 from rloo.generation.continuous_batching import (
+    TESTED_FAMILIES,
     ContinuousBatchingSampler,
     cache_blocks,
     continuous_batching_config,
@@ -26,6 +27,7 @@ from rloo.generation.engines import ENGINES, build_engine, engine_name
 from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
+from tests.generation.test_model_families import build
 from tests.helpers.models import last_train_log, peaked_tiny_llama, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -104,6 +106,40 @@ def test_greedy_decoding_equals_rlooss_sampler(peaked_model: Any, char_tokenizer
     assert torch.equal(theirs.completion_ids, ours.completion_ids)
     assert torch.equal(theirs.truncated, ours.truncated)
     assert len({tuple(row) for row in ours.completion_ids.tolist()}) == 3  # the prompts' greedy paths differ
+
+
+@pytest.mark.parametrize("family", sorted(set(TESTED_FAMILIES) - {"llama"}))
+def test_the_tested_families_sample_rlooss_greedy_tokens(family: str, char_tokenizer: Any) -> None:
+    """Besides Llama (above), every family the engine's refusals name as tested: biases, sliding windows, soft
+    caps, absolute positions, a mixture of experts."""
+    model = build(family, char_tokenizer).eval()
+    prompts = [char_tokenizer.encode(text) for text in PROMPTS]
+    greedy = SamplingParams(temperature=0.0)
+    ours = generate_rollouts(model, prompts, [0, 1, 2], params=greedy, **_common(char_tokenizer))
+    theirs = ContinuousBatchingSampler()(model, prompts, [0, 1, 2], params=greedy, **_common(char_tokenizer))
+    assert torch.equal(theirs.completion_ids, ours.completion_ids)
+
+
+@pytest.mark.parametrize(
+    ("family", "error", "why"),
+    [
+        ("mamba", NotImplementedError, "its cache has LinearAttentionLayer layers, which the engine's paged cache"),
+        ("opt", RuntimeError, "'PagedAttentionCache' object has no attribute 'get_seq_length'"),
+    ],
+)
+def test_a_family_the_engine_cannot_run_is_named_with_the_tested_ones(
+    family: str, error: type[Exception], why: str, char_tokenizer: Any
+) -> None:
+    model = build(family, char_tokenizer).eval()
+    prompts = [char_tokenizer.encode("ab")]
+    with pytest.raises(error) as raised:
+        ContinuousBatchingSampler()(model, prompts, [0], params=SamplingParams(), **_common(char_tokenizer, k=2))
+    message = str(raised.value)
+    assert f"use_transformers_continuous_batching cannot sample model type '{family}'" in message
+    assert why in message and "Families tested with it: gemma2, gemma3, gpt2, llama" in message
+    assert (
+        "use rloo's sampler" not in message or "rloo's sampler (use_transformers_continuous_batching=False)" in message
+    )
 
 
 def test_the_runs_random_state_and_the_model_are_left_as_they_were(peaked_model: Any, char_tokenizer: Any) -> None:
