@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from rloo import RLOOConfig
+from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation import continuous_batching
 from rloo.generation.continuous_batching import (
     TESTED_FAMILIES,
@@ -28,7 +28,16 @@ from rloo.generation.rollout import Rollout, generate_rollouts
 from rloo.generation.sampling import SamplingParams
 from rloo.generation.stopping import StopStrings
 from tests.generation.test_model_families import build
-from tests.helpers.models import last_train_log, peaked_tiny_llama, trainer
+from tests.helpers.models import (
+    config,
+    dataset,
+    frac7,
+    last_train_log,
+    make_model,
+    make_tokenizer,
+    peaked_tiny_llama,
+    trainer,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -263,3 +272,26 @@ def test_a_run_trains_with_it_and_scores_the_batch_with_its_own_forward(
     assert calls == [2, 2] and run.state.global_step == 2
     assert abs(logged["sampling/sampling_logp_difference/mean"]) < 1e-3  # the same weights, other kernels
     assert torch.isfinite(torch.tensor(logged["loss"]))
+
+
+def test_a_lora_policy_samples_with_its_adapters(tmp_path: Path) -> None:
+    """generate_batch reaches the inner model through PEFT's wrapper, its LoRA layers in place: after the adapters
+    have trained, the engine's log-probs are still the policy's (the base model's would differ)."""
+    from peft import LoraConfig
+
+    tok = make_tokenizer()
+    run = RLOOTrainer(
+        model=make_model(tok),
+        reward_funcs=frac7,
+        args=config(tmp_path, max_steps=3, beta=0.05, learning_rate=0.1, use_transformers_continuous_batching=True),
+        train_dataset=dataset(),
+        processing_class=tok,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    run.train()
+    logged = last_train_log(run)
+    assert abs(logged["sampling/sampling_logp_difference/max"]) < 1e-3
+    ids = torch.tensor([tok("1+2=")["input_ids"]])
+    with torch.no_grad(), run.unwrapped_model.disable_adapter():
+        base = run.unwrapped_model(input_ids=ids).logits
+    assert not torch.allclose(run.unwrapped_model(input_ids=ids).logits, base, atol=1e-3)  # the adapters moved
