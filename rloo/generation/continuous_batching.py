@@ -14,7 +14,10 @@ What rloo does around transformers' call, and why:
 - **The trainer's random state is kept.** The engine seeds torch's global generators (``torch.manual_seed``)
   when it starts; the call runs inside ``torch.random.fork_rng``, so dropout and every later draw of the
   run are those it would have had without the engine. Its seed comes from ``sampling_seed`` and the first
-  prompt's group (the same batch samples the same completions), else from ``generator``.
+  prompt's group (the same batch samples the same completions), else from ``generator``; it seeds the
+  global generators inside the fork, and the engine's own ``seed`` where its version has one.
+- **Versions**: the config is built for the installed transformers' ``ContinuousBatchingConfig`` (5.8 on:
+  ``block_size`` became ``page_size`` and ``seed`` came in 5.17).
 - **Under bf16 mixed precision it samples a bf16 copy** of the policy (the one ``sampler_cuda_graphs`` keeps,
   :func:`rloo.generation.graph_decode.sampling_model`): the engine runs its forwards in a thread of its
   own, which autocast (thread-local) does not reach, so the policy's float32 weights would sample in float32.
@@ -70,24 +73,28 @@ def cache_blocks(prompt_lengths: Sequence[int], k: int, max_new_tokens: int, pag
 
 
 def continuous_batching_config(
-    settings: Mapping[str, Any], prompt_lengths: Sequence[int], k: int, max_new_tokens: int
+    settings: Mapping[str, Any], prompt_lengths: Sequence[int], k: int, max_new_tokens: int, seed: int | None = None
 ) -> Any:
     """transformers' ``ContinuousBatchingConfig`` from the user's ``settings`` (their keys checked against its
-    fields, an unknown one named with the closest), log-probs on, and the cache sized to the batch
-    (:func:`cache_blocks`) unless ``settings`` sizes it."""
+    fields, an unknown one named with the closest), log-probs on, the engine's ``seed`` where its version takes
+    one (5.17 on), and the cache sized to the batch (:func:`cache_blocks`, in pages of ``page_size`` tokens,
+    ``block_size`` before 5.17) unless ``settings`` sizes it."""
     from transformers import ContinuousBatchingConfig
 
-    fields = {field.name for field in dataclasses.fields(ContinuousBatchingConfig)}
+    defaults = {field.name: field.default for field in dataclasses.fields(ContinuousBatchingConfig)}
     for key in settings:
-        if key not in fields:
+        if key not in defaults:
             raise ValueError(
                 f"transformers_continuous_batching_config has {key!r}, which transformers' "
-                f"ContinuousBatchingConfig does not take{did_you_mean(key, fields)}; its fields are {sorted(fields)}"
+                f"ContinuousBatchingConfig does not take{did_you_mean(key, defaults)}; its fields are "
+                f"{sorted(defaults)}"
             )
     kwargs = {"return_logprobs": True, **settings}
+    if seed is not None and "seed" in defaults:
+        kwargs.setdefault("seed", seed)
     if not any(kwargs.get(name) is not None for name in _SIZING):
-        page_size = int(kwargs.get("page_size") or ContinuousBatchingConfig.page_size)
-        kwargs["num_blocks"] = cache_blocks(prompt_lengths, k, max_new_tokens, page_size)
+        page = next(kwargs.get(name) or defaults[name] for name in ("page_size", "block_size") if name in defaults)
+        kwargs["num_blocks"] = cache_blocks(prompt_lengths, k, max_new_tokens, int(page))
     if not kwargs["return_logprobs"]:
         raise ValueError(
             "transformers_continuous_batching_config has return_logprobs=False: rloo records the sampled tokens' "
@@ -210,16 +217,14 @@ class ContinuousBatchingSampler(SamplingEngine):
         if (why := attention_only_reason(model)) is not None:
             raise NotImplementedError(_refusal(model, why))
         k, device = num_generations, model_device(model)
-        config = continuous_batching_config(
-            {**self.settings, "seed": _seed(group_ids, sampling_seed, generator)},
-            [len(ids) for ids in prompt_ids],
-            k,
-            max_new_tokens,
-        )
+        seed = _seed(group_ids, sampling_seed, generator)
+        config = continuous_batching_config(self.settings, [len(ids) for ids in prompt_ids], k, max_new_tokens, seed)
         generation = generation_config(params, k, max_new_tokens, eos_token_ids, pad_token_id)
         sampler, precision = sampling_model(model)
         forked = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=forked), precision:
+            if seed is not None:  # the engine's draws (its own seed where its version takes one, set from this)
+                torch.manual_seed(seed)
             try:
                 outputs = sampler.generate_batch(  # type: ignore[operator]
                     [list(ids) for ids in prompt_ids],

@@ -5,6 +5,7 @@ sized to the batch, and a run trains with it end to end (offline, CPU, tiny mode
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -193,14 +194,34 @@ def test_the_cache_is_sized_to_the_batch_unless_the_user_sizes_it() -> None:
     """Each request's prompt and completion in whole pages, plus one: transformers' own sizing takes a share
     of the device's free memory (most of a CPU machine's RAM)."""
     assert cache_blocks([10, 300], 4, 256, 256) == 4 * 2 + 4 * 3 + 1
-    config = continuous_batching_config({"page_size": 64}, [10, 300], 4, 256)
+    config = continuous_batching_config({"page_size": 64}, [10, 300], 4, 256, seed=9)
     assert config.num_blocks == 4 * 5 + 4 * 9 + 1 and config.return_logprobs and config.page_size == 64
+    assert config.seed == 9
     assert continuous_batching_config({"max_memory_percent": 0.4}, [10], 2, 8).num_blocks is None
     assert continuous_batching_config({"num_blocks": 99}, [10], 2, 8).num_blocks == 99
     with pytest.raises(ValueError, match=r"has 'page_sise', which transformers' ContinuousBatchingConfig does not"):
         continuous_batching_config({"page_sise": 64}, [10], 2, 8)
     with pytest.raises(ValueError, match="return_logprobs=False: rloo records the sampled tokens' log-probs"):
         continuous_batching_config({"return_logprobs": False}, [10], 2, 8)
+
+
+def test_the_config_fits_transformers_58s_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.8-5.16 (TRL's floor is 5.8): pages were ``block_size``, and the config took no ``seed``."""
+    import transformers
+
+    @dataclasses.dataclass
+    class Older:  # the fields of 5.8.0's ContinuousBatchingConfig that rloo reads or sets
+        block_size: int = 128
+        num_blocks: int | None = None
+        max_memory_percent: float | None = None
+        return_logprobs: bool = False
+
+    monkeypatch.setattr(transformers, "ContinuousBatchingConfig", Older)
+    config = continuous_batching_config({}, [10, 300], 4, 256, seed=5)
+    assert config == Older(block_size=128, num_blocks=4 * 3 + 4 * 5 + 1, return_logprobs=True)
+    with pytest.raises(ValueError, match=r"has 'page_size', which .* does not take; its fields are \['block_size'"):
+        continuous_batching_config({"page_size": 64}, [10], 2, 8)
+    assert continuous_batching_config({}, [10], 2, 8, seed=5).num_blocks == 2 * 1 + 1
 
 
 def test_a_failed_request_is_an_error_naming_it() -> None:
