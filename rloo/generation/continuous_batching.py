@@ -81,7 +81,7 @@ def continuous_batching_config(
     ``block_size`` before 5.17) unless ``settings`` sizes it."""
     from transformers import ContinuousBatchingConfig
 
-    defaults = {field.name: field.default for field in dataclasses.fields(ContinuousBatchingConfig)}
+    defaults: dict[str, Any] = {field.name: field.default for field in dataclasses.fields(ContinuousBatchingConfig)}
     for key in settings:
         if key not in defaults:
             raise ValueError(
