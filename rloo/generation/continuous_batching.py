@@ -159,11 +159,13 @@ def attention_only_reason(model: nn.Module) -> str | None:
     return f"its cache has {', '.join(kinds)} layers, which the engine's paged cache does not hold" if kinds else None
 
 
-def _refusal(model: nn.Module, why: str) -> str:
+def _refusal(model: nn.Module, why: str, known: bool = False) -> str:
+    """The message of a model the engine cannot (``known``: rloo knows it before the call) or did not sample."""
     family = getattr(getattr(model, "config", None), "model_type", None)
+    what = "cannot sample" if known else "failed on"
     return (
-        f"use_transformers_continuous_batching cannot sample model type {family!r}: {why}. Families tested with "
-        f"it: {', '.join(TESTED_FAMILIES)}; sample this one with rloo's sampler (use_transformers_continuous_batching"
+        f"use_transformers_continuous_batching {what} model type {family!r}: {why}. Families tested with it: "
+        f"{', '.join(TESTED_FAMILIES)}; for another, sample with rloo's sampler (use_transformers_continuous_batching"
         "=False)"
     )
 
@@ -215,7 +217,7 @@ class ContinuousBatchingSampler(SamplingEngine):
                 "thread no other process joins; use rloo's sampler"
             )
         if (why := attention_only_reason(model)) is not None:
-            raise NotImplementedError(_refusal(model, why))
+            raise NotImplementedError(_refusal(model, why, known=True))
         k, device = num_generations, model_device(model)
         seed = _seed(group_ids, sampling_seed, generator)
         config = continuous_batching_config(self.settings, [len(ids) for ids in prompt_ids], k, max_new_tokens, seed)
@@ -232,12 +234,14 @@ class ContinuousBatchingSampler(SamplingEngine):
                     continuous_batching_config=config,
                     progress_bar=False,
                 )
+            except torch.OutOfMemoryError:
+                raise  # its own message says what to do
             except Exception as error:  # the engine refused the model before sampling (a config, a layer type)
                 raise RuntimeError(_refusal(model, f"{type(error).__name__}: {error}")) from error
         each = generation.num_return_sequences  # greedy: one, the same for all K
         try:
             answered = ordered_outputs(outputs, len(prompt_ids), each)
-        except RuntimeError as error:  # every request failed alike: a model the engine cannot run
+        except RuntimeError as error:  # every request failed: likely a model the engine cannot run (the errors say)
             if all(output.error is not None for output in outputs.values()):
                 raise RuntimeError(_refusal(model, str(error))) from error
             raise

@@ -144,12 +144,32 @@ def test_a_family_the_engine_cannot_run_is_named_with_the_tested_ones(
     prompts = [char_tokenizer.encode("ab")]
     with pytest.raises(error) as raised:
         ContinuousBatchingSampler()(model, prompts, [0], params=SamplingParams(), **_common(char_tokenizer, k=2))
-    message = str(raised.value)
-    assert f"use_transformers_continuous_batching cannot sample model type '{family}'" in message
+    message, what = str(raised.value), "cannot sample" if error is NotImplementedError else "failed on"
+    assert f"use_transformers_continuous_batching {what} model type '{family}'" in message
     assert why in message and "Families tested with it: gemma2, gemma3, gpt2, llama" in message
     assert (
         "use rloo's sampler" not in message or "rloo's sampler (use_transformers_continuous_batching=False)" in message
     )
+
+
+def test_an_engine_error_is_named_and_running_out_of_memory_passes_through(
+    char_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = peaked_tiny_llama(char_tokenizer)
+    prompts = [char_tokenizer.encode("ab")]
+    for raised, expected in [
+        (ValueError("Invalid layer type: x"), r"failed on model type 'llama': ValueError: Invalid layer type: x"),
+        (torch.OutOfMemoryError("CUDA out of memory."), r"^CUDA out of memory\.$"),
+    ]:
+
+        def failing(*args: Any, error: Exception = raised, **kwargs: Any) -> Any:
+            raise error
+
+        monkeypatch.setattr(model, "generate_batch", failing)
+        with pytest.raises(
+            type(raised) if isinstance(raised, torch.OutOfMemoryError) else RuntimeError, match=expected
+        ):
+            ContinuousBatchingSampler()(model, prompts, [0], params=SamplingParams(), **_common(char_tokenizer, k=2))
 
 
 def test_the_runs_random_state_and_the_model_are_left_as_they_were(peaked_model: Any, char_tokenizer: Any) -> None:
