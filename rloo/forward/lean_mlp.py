@@ -109,18 +109,20 @@ def takes_lean(module: nn.Module) -> bool:
 @contextlib.contextmanager
 def lean_gated_mlps(model: nn.Module) -> Iterator[int]:
     """Within the block, ``model``'s gated MLPs that :func:`takes_lean` compute through :class:`_GatedDown`
-    when gradients are enabled, autocast is off, no layer is gradient-checkpointed and the model is not
-    ``torch.compile``'s (its graphs are traced from the modules as loaded); else nothing changes. Yields how
-    many."""
+    when gradients are enabled, autocast is off, no layer is gradient-checkpointed and neither the model nor a
+    module of it is ``torch.compile``'s (its graphs are traced from the modules as loaded); else nothing changes.
+    Yields how many."""
     devices = {p.device.type for p in model.parameters()}
     off = os.environ.get(LEAN_VARIABLE, "").strip() == "0" or hasattr(model, "_orig_mod")  # torch.compile's wrapper
     if off or not torch.is_grad_enabled() or any(torch.is_autocast_enabled(d) for d in devices):
         yield 0
         return
     everything = list(model.modules())
-    # a checkpointed layer's recompute runs in the backward, after the block: it must save what the forward did
+    # a checkpointed layer's recompute runs in the backward, after the block: it must save what the forward did;
+    # a layer compiled for the passes (rloo.training.regional_compile) traced its MLP's own forward
     checkpointed = any(getattr(m, "gradient_checkpointing", False) is True for m in everything)
-    modules = [] if checkpointed else [m for m in everything if takes_lean(m)]
+    compiled = any(getattr(m, "_compiled_call_impl", None) is not None for m in everything)
+    modules = [] if checkpointed or compiled else [m for m in everything if takes_lean(m)]
     for module in modules:
         module.forward = types.MethodType(lean_forward, module)
     try:

@@ -14,6 +14,7 @@ then clipped; a step whose loss or gradient is not finite makes no update
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from rloo.training.passes import (
     take_rows,
     trainable_rows,
 )
+from rloo.training.regional_compile import compile_for_training
 from rloo.training.setup.activation_offload import offload_context
 from rloo.training.setup.models import draws_dropout
 from rloo.training.setup.optimization import zero_grads_if_none
@@ -94,22 +96,6 @@ def completed(pending: PendingBatch, rows: Tensor, logprobs: Tensor) -> TrainBat
     return dataclasses.replace(batch, old_logprobs=None)
 
 
-def compile_for_training(model: Any, args: RLOOConfig) -> Any:
-    """``torch.compile(model, dynamic=True)`` for the training passes when ``args.torch_compile``
-    (parameters are shared: the optimizer and gradients see the one model), else ``model``.
-    Dynamic shapes: a generation batch's lengths change every step, so static shapes would
-    recompile each time."""
-    if not args.torch_compile:
-        return model
-    backend = args.torch_compile_backend or "inductor"
-    if backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise ValueError(
-            f"RLOOConfig.torch_compile_backend={backend!r} is invalid: this torch has "
-            f"{sorted(torch._dynamo.list_backends(exclude_tags=()))}"
-        )
-    return torch.compile(model, backend=backend, mode=args.torch_compile_mode, dynamic=True)
-
-
 @dataclass
 class StepOutcome:
     metrics: dict[str, float]
@@ -143,7 +129,9 @@ class Updater:
             args.algorithm.objective(args.max_completion_length, args.entropy_coef),
             off_policy_threshold=args.off_policy_mask_threshold,
         )
-        self.forward_model = compile_for_training(model, args)
+        # torch_compile: the decoder layers compiled for the training passes (rloo.training.regional_compile)
+        self.forward_model, self.compiled = compile_for_training(model, args)
+        self.compiled_whole = self.forward_model is not model
         self.aux_loss_coef = router_loss_coef(model, args.router_aux_loss_coef)
         self.exact_skip = (
             args.skip_zero_advantage
@@ -167,11 +155,20 @@ class Updater:
         return rollout.completion_ids.shape[0] <= self._max_rows(rollout)
 
     def _max_rows(self, rollout: Rollout) -> int:
-        """Rows per pass within ``max_logits_memory_mb``; compiled passes take the plain head."""
+        """Rows per pass within ``max_logits_memory_mb``; a model compiled whole takes the plain head."""
         args = self.args
         cap = args.per_device_train_batch_size
         autocast = self.accelerator.autocast  # the probe in the passes' precision
-        return max_rows_per_pass(self.model, rollout, args.max_logits_memory_mb, cap, args.torch_compile, autocast)
+        return max_rows_per_pass(self.model, rollout, args.max_logits_memory_mb, cap, self.compiled_whole, autocast)
+
+    def _passes_context(self) -> contextlib.ExitStack:
+        """What a training pass runs in: mixed precision, activation offloading, the compiled layers."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.accelerator.autocast())
+        stack.enter_context(self.offload())
+        if self.compiled is not None:
+            stack.enter_context(self.compiled.active())
+        return stack
 
     def step(
         self,
@@ -208,7 +205,7 @@ class Updater:
         current = None
         if isinstance(batch, PendingBatch):
             (rows,) = passes  # one pass (one_pass): its forward's log-probs complete the batch
-            with self.accelerator.autocast(), self.offload():
+            with self._passes_context():
                 inputs = batch.inputs(rows)
                 current = pass_forward(
                     self.forward_model,
@@ -227,7 +224,7 @@ class Updater:
         results = []
         for i in range(self.ranks.count_everywhere(len(passes))):
             filler = i >= len(passes)  # lockstep (FSDP): a pass whose loss counts 0, on any row
-            with self.accelerator.autocast(), self.offload():
+            with self._passes_context():
                 result = pass_loss(
                     self.forward_model,
                     take_rows(batch, all_rows[:1] if filler else passes[i]),

@@ -12,6 +12,7 @@ from accelerate.state import AcceleratorState
 from pytest import MonkeyPatch
 
 import rloo.training.passes as passes_module
+import rloo.training.update as update
 from rloo.config import RLOOConfig
 from rloo.op_counts import OpCounts
 from rloo.training.passes import Pass, no_grad_logprobs, pass_loss
@@ -148,7 +149,7 @@ def test_frac7_reward_is_used(tmp_path: Path) -> None:
     assert frac7([[1, 2]]) == [0.0]
 
 
-def forwards_of_one_step(tmp_path: Path, bf16: bool) -> int:
+def forwards_of_one_step(tmp_path: Path, bf16: bool, **overrides: Any) -> int:
     """Forwards of the model in one step (sampling, reference log-probs, the update) of a 2-layer model
     with Qwen2.5's 151,936-token vocabulary, whose float32 logits of one row exceed the 4 MiB budget."""
     from rloo.tiny import build_char_tokenizer
@@ -157,7 +158,14 @@ def forwards_of_one_step(tmp_path: Path, bf16: bool) -> int:
     t = RLOOTrainer(
         model=qwen_vocab_model(len(tok), pad_token_id=tok.pad_token_id),
         reward_funcs=frac7,
-        args=config_of(tmp_path / str(bf16), max_steps=1, beta=0.05, bf16=bf16, max_logits_memory_mb=4),
+        args=config_of(
+            tmp_path / f"{bf16}{sorted(overrides)}",
+            max_steps=1,
+            beta=0.05,
+            bf16=bf16,
+            max_logits_memory_mb=4,
+            **overrides,
+        ),
         train_dataset=dataset(),
         processing_class=tok,
     )
@@ -178,6 +186,22 @@ def test_bf16_autocast_runs_as_many_forwards_as_float32(tmp_path: Path, fresh_ac
     # the head probe compared float32 with bf16 logits under bf16, failed, and planned one-row passes:
     # 8 reference passes and 8 training passes instead of 1 and 1
     assert forwards_of_one_step(tmp_path, bf16=True) == forwards_of_one_step(tmp_path, bf16=False)
+
+
+def test_torch_compile_keeps_the_heads_rows_per_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the whole model compiled took the plain head: (rows, T, V) float32 logits within the budget, one-row
+    # passes at this vocabulary (8 training passes for this step's 8 rows); the decoder layers compiled
+    # (rloo.training.regional_compile) keep the chunked head's rows, a whole micro-batch a pass
+    planned: list[int] = []
+    plan = update.plan_passes
+
+    def recorded(rows: Any, lengths: Any, max_rows: int) -> Any:
+        planned.append(max_rows)
+        return plan(rows, lengths, max_rows)
+
+    monkeypatch.setattr(update, "plan_passes", recorded)
+    forwards_of_one_step(tmp_path, bf16=False, torch_compile_backend="aot_eager")
+    assert planned == [8]
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["shared-prompts", "packed"])

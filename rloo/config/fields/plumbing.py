@@ -52,8 +52,9 @@ class PlumbingFields:
     )
     torch_compile: bool = option(
         False,
-        "Run the training passes through torch.compile(model, dynamic=True) (the first steps pay the "
-        "compilation; sampling and the reference stay eager). Set by torch_compile_backend or _mode too.",
+        "Run the training passes with the model's decoder layers compiled (torch.compile of each layer, "
+        "dynamic=True; the LM head stays rloo's chunked or fused one, and sampling, the reference and the no-grad "
+        "passes run eagerly); the first steps pay the compilation. Set by torch_compile_backend or _mode too.",
         trl="torch_compile",
     )
     torch_compile_backend: str | None = option(

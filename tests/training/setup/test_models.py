@@ -20,7 +20,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.data.prompt_order import StreamedRows
 from rloo.data.prompts import render_prompt
-from rloo.forward.lm_head import _INEXACT_HEADS
 from rloo.generation.stopping import StopStrings
 from rloo.pipeline import RolloutSettings, ScoredRollout, eos_token_ids, generate_and_score
 from rloo.rewards.calling import CallPolicy, RewardFunctions
@@ -269,15 +268,13 @@ def _trained_params(tmp_path: Path, **overrides: Any) -> dict[str, torch.Tensor]
 
 
 def test_torch_compile_trains_to_the_same_weights(tmp_path: Path) -> None:
-    # the compiled training passes take the plain forward (no chunked LM head, no prompt sharing: they
-    # hook the head): compare them with an eager run on the plain path, whose float rounding they share.
-    # Both runs' no-grad passes (the KL reward's policy side, issue 25) take the plain path too.
+    # the compiled decoder layers (rloo.training.regional_compile) run inside the training passes only, which
+    # keep the chunked LM head and prompt sharing: an eager run with the same head, to float rounding
     eager_run, compiled_run = (
         make_trainer(tmp_path / "eager"),
         make_trainer(tmp_path / "compiled", torch_compile_backend="aot_eager"),
     )
     for run in (eager_run, compiled_run):
-        _INEXACT_HEADS.add(run.unwrapped_model.get_output_embeddings())
         run.train()
     eager, compiled = params(eager_run.unwrapped_model), params(compiled_run.unwrapped_model)
     for name, value in eager.items():
@@ -288,8 +285,10 @@ def test_torch_compile_trains_to_the_same_weights(tmp_path: Path) -> None:
 def test_torch_compile_with_inductor_trains_to_the_same_weights(tmp_path: Path) -> None:
     eager = _trained_params(tmp_path / "eager")
     compiled = _trained_params(tmp_path / "compiled", torch_compile=True)
+    # inductor fuses and reorders the layers' float sums; AdamW's first steps divide each gradient element by
+    # its own magnitude, so a rounding difference in a near-zero gradient moves its weight by up to ~1e-5
     for name, value in eager.items():
-        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=5e-5, msg=name)
 
 
 def test_torch_compile_settings(tmp_path: Path) -> None:
@@ -297,7 +296,21 @@ def test_torch_compile_settings(tmp_path: Path) -> None:
     assert config(tmp_path, torch_compile_backend="eager").torch_compile is True
     assert config(tmp_path).torch_compile is False
     trainer = make_trainer(tmp_path, torch_compile_backend="aot_eager")
-    assert trainer.updater.forward_model is not trainer.unwrapped_model  # the compiled module
+    layers = trainer.unwrapped_model.model.layers
+    assert trainer.updater.forward_model is trainer.unwrapped_model and trainer.updater.compiled is not None
+    assert trainer.updater.compiled.layers == list(layers)  # each decoder layer, the head and the rest eager
+    compiled_in_pass: list[bool] = []
+    forward = layers[0].forward
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        compiled_in_pass.append(torch.compiler.is_compiling())
+        return forward(*args, **kwargs)
+
+    layers[0].forward = recorded
+    trainer.train()
+    # sampling and the no-grad passes run the layer eagerly, the training passes compiled
+    assert True in compiled_in_pass and False in compiled_in_pass
+    assert all(layer._compiled_call_impl is None for layer in layers)  # restored after each pass
     with pytest.raises(ValueError, match=r"RLOOConfig.torch_compile_backend='nope' is invalid: this torch has"):
         make_trainer(tmp_path, torch_compile_backend="nope")
 
