@@ -9,7 +9,8 @@ for the worst case: every completion runs to ``max_completion_length``, every pr
 measured peaks (BENCHMARKS.md).
 
 Phases, each on top of the state that lives through the step (weights, the reference copy, the
-optimizer's moments, the autocast weight cache under mixed precision):
+optimizer's moments, the autocast weight cache under mixed precision, and the bf16 copy the policy samples
+through with ``sampler_cuda_graphs`` or ``use_transformers_continuous_batching`` under bf16):
 
 1. sampling     the prompt prefill (one layer's temporaries over P x Tp tokens), then a KV cache for
                 N = P x K rows x (Tp + Tc) tokens, preallocated (:mod:`rloo.generation.kv_cache`: the
@@ -173,6 +174,9 @@ class Workload:
     fused_head: bool = False  # the head's kernel (rloo.forward.fused_head.head_kernel): fused, else chunked
     grad_tile_tokens: int | None = None  # a CPU fused head's training tiles: at most this many tokens (cpu_tiles)
     lean_mlp: bool = False  # gated MLPs may be lean (lean_planned); plan_memory: not under checkpointing or FSDP
+    # bf16 autocast over float32 weights with sampler_cuda_graphs or use_transformers_continuous_batching: the
+    # policy samples through a bf16 copy of its weights, kept between rollouts (rloo.generation.graph_decode)
+    sampling_copy: bool = False
 
     @classmethod
     def from_config(
@@ -220,6 +224,9 @@ class Workload:
             fused_head=default_kernel(device_type) == "fused",
             grad_tile_tokens=CPU_GRAD_TOKEN_TILE if device_type == "cpu" else None,
             lean_mlp=lean_planned(mixed, bool(args.torch_compile), lora),
+            sampling_copy=mixed
+            and bf16
+            and bool(args.sampler_cuda_graphs or args.use_transformers_continuous_batching),
         )
 
 
@@ -318,6 +325,8 @@ def plan_memory(shape: ModelShape, work: Workload) -> MemoryPlan:
         state["optimizer state"] = w.optimizer_states * trainable * trainable_bytes / w.shards
     if w.mixed_precision:  # autocast keeps a bf16 copy of each trainable weight for the whole forward
         state["autocast weight copies"] = trainable * 2
+    if w.sampling_copy:  # the whole policy once more in bf16, kept between rollouts
+        state["bf16 sampling copy"] = s.parameters * 2
     if w.shards > 1:  # FSDP gathers one layer's full weights at a time
         state["gathered layer"] = (s.parameters - v * h) / layers * w.weight_bytes
 

@@ -131,6 +131,24 @@ def test_mixed_precision_halves_activations_and_adds_the_autocast_copies() -> No
     assert plan.phase("training").parts["saved activations"] == fp32["saved activations"] / 2
 
 
+def test_the_bf16_sampling_copy_is_planned_where_a_sampler_keeps_one(tmp_path: Path) -> None:
+    # sampler_cuda_graphs and transformers' continuous batching sample through a bf16 copy of the policy under
+    # bf16 autocast, kept between rollouts: every phase holds it (it was not planned)
+    plan = plan_memory(SHAPE, replace(WORK, mixed_precision=True, sampling_copy=True))
+    for phase in ("sampling", "log-probs", "training"):
+        assert plan.phase(phase).parts["bf16 sampling copy"] == 12_345 * 2
+    assert "bf16 sampling copy" not in plan_memory(SHAPE, replace(WORK, mixed_precision=True)).phase("sampling").parts
+
+    def planned(**fields: Any) -> bool:
+        args = RLOOConfig(output_dir=str(tmp_path), num_generations=4, **fields)
+        return Workload.from_config(args, 16, device_type="cuda").sampling_copy
+
+    assert planned(bf16=True, use_transformers_continuous_batching=True)
+    assert planned(bf16=True, sampler_cuda_graphs=True)
+    assert not planned(bf16=True) and not planned(bf16=False, use_transformers_continuous_batching=True)
+    assert not planned(bf16=True, sampler_cuda_graphs=True, model_init_kwargs={"dtype": "bfloat16"})  # bf16 weights
+
+
 def test_the_fused_head_plans_its_tile_buffers_and_its_float32_gradients_by_hand() -> None:
     # every completion token in one chunk: 32 tokens at V 100 -> 12,800 bytes of float32 logits
     chunk, fused = 32 * 100 * 4, replace(WORK, fused_head=True)
