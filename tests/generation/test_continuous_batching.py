@@ -336,3 +336,42 @@ def test_a_lora_policy_samples_with_its_adapters(tmp_path: Path) -> None:
     with torch.no_grad(), run.unwrapped_model.disable_adapter():
         base = run.unwrapped_model(input_ids=ids).logits
     assert not torch.allclose(run.unwrapped_model(input_ids=ids).logits, base, atol=1e-3)  # the adapters moved
+
+
+def test_multi_turn_episodes_with_tools_sample_their_turns_with_it(tmp_path: Path) -> None:
+    """Each turn of an episode is one call of the engine (rloo.tools.episodes): the taught model calls the tool,
+    reads its answer and ends, as with rloo's sampler."""
+    from tests.helpers.tools import multiply, question, taught_model, tool_tokenizer
+
+    seen: list[Any] = []
+
+    def product_reward(completions: list[Any], a: list[int], b: list[int], **_: Any) -> list[float]:
+        seen.extend(completions)
+        return [float(c[-1]["content"].strip() == str(x * y)) for c, x, y in zip(completions, a, b, strict=True)]
+
+    rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 4]
+    args = RLOOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=120,
+        max_steps=1,
+        logging_steps=1,
+        max_tool_calling_iterations=2,
+        report_to=[],
+        seed=0,
+        use_transformers_continuous_batching=True,
+    )
+    run = RLOOTrainer(
+        taught_model(),
+        product_reward,
+        args=args,
+        train_dataset=rows,
+        processing_class=tool_tokenizer(),
+        tools=[multiply],
+    )
+    run.train()
+    logged = last_train_log(run)
+    assert logged["tools/call_frequency"] > 0.5 and logged["reward"] > 0.5
+    assert any(message["role"] == "tool" for completion in seen for message in completion)
+    assert abs(logged["sampling/sampling_logp_difference/mean"]) < 1e-3
