@@ -225,6 +225,35 @@ def repro_table(repro: dict[str, Any]) -> list[str]:
     return lines
 
 
+def verdict(rloo: dict[str, Any], ab: dict[str, Any]) -> list[str]:
+    """Which of rloo's opt-in paths won on this GPU's fixed case, against the eager loop and chunked head as is:
+    the sampler (the captured decode step of ``graphs-fused``, transformers' continuous batching of ``cb``) by
+    sampling seconds, the fused LM head (``graphs-fused``) by log-prob and update seconds; the next session makes
+    a winner the CUDA default (issue 38)."""
+    base = numbers(rloo.get("fixed", {})) if rloo.get("fixed", {}).get("status") == "done" else None
+    if base is None:
+        return ["verdict: no finished as-is fixed run to compare with"]
+    lines = []
+    samplers = {"eager loop (as is)": base["sampling"]}
+    for key, name in (("graphs-fused fixed", "captured decode step"), ("cb fixed", "continuous batching")):
+        got = numbers(ab.get(key, {})) if ab.get(key, {}).get("status") == "done" else None
+        if got is not None:
+            samplers[name] = got["sampling"]
+    best = min(samplers, key=lambda name: samplers[name])
+    shown = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in samplers.items())
+    lines.append(f"verdict, sampler: {best} is the fastest ({shown})")
+    fused = (
+        numbers(ab.get("graphs-fused fixed", {})) if ab.get("graphs-fused fixed", {}).get("status") == "done" else None
+    )
+    if fused is not None:
+        for phase in ("logprobs", "update"):
+            if base.get(phase) and fused.get(phase):
+                lines.append(
+                    f"verdict, {phase} with the fused head: {ratio(fused[phase], base[phase])} the chunked head's"
+                )
+    return lines
+
+
 def device_slug(device: str) -> str:
     found = re.search(r"[HAB]\d{2,3}", device.upper())
     return found.group(0).lower() if found else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "unknown"
@@ -245,10 +274,12 @@ def report(out: Path) -> Path:
         "peaks": peaks_for(device),
         "summaries": {name: summarize(run) for name, run in runs.items()},
         "tables": tables,
+        "verdict": verdict(rloo, ab),
     }
     path = out / f"gpu-vs-trl-{device_slug(device)}.json"
     path.write_text(json.dumps(summary, indent=1))
     print(f"\nrloo and TRL on {device} (summary: {path.name})\n")
+    print("\n".join(summary["verdict"]) + "\n")
     print("\n\n".join("\n".join(tables[name]) for name in ("ab", "repro", "main")))  # the main table last
     return path
 

@@ -159,6 +159,21 @@ def test_gpu_report_medians_skip_the_warm_up_and_the_floors_by_hand() -> None:
     assert floor["batch"] == pytest.approx(floor["sampling"] + floor["logprobs"] + 2 * floor["update"])
 
 
+def test_gpu_report_names_the_fastest_sampler_and_the_fused_heads_ratios() -> None:
+    from gpu_report import verdict
+
+    lengths = [([4, 4], [2, 2])] * 3
+    slow, fast = gpu_run(lengths), gpu_run(lengths)
+    for batch in fast["batches"]:
+        batch["phases"] = {"sampling": [0.5], "logprobs": [0.1]}
+    cb = {**gpu_run(lengths), "status": "error"}  # an unfinished run is left out
+    lines = verdict({"fixed": slow}, {"graphs-fused fixed": fast, "cb fixed": cb})
+    fastest = "captured decode step is the fastest (eager loop (as is) 3.5 s, captured decode step 0.5 s)"
+    assert lines[0] == f"verdict, sampler: {fastest}"
+    assert lines[1] == "verdict, logprobs with the fused head: 0.13x the chunked head's"  # 0.1 / 0.75
+    assert verdict({}, {}) == ["verdict: no finished as-is fixed run to compare with"]
+
+
 @pytest.mark.system
 def test_the_gpu_benchmark_dry_run_leaves_every_phase_and_the_table(tmp_path: Path) -> None:
     """``QUICK=1 bash benchmarks/gpu_vs_trl.sh``, its rloo and TRL fixed-length parts (the others run the same code
