@@ -24,8 +24,8 @@ from rloo.generation.vllm.sampler import colocated_sampler, server_sampler
 @dataclass(frozen=True)
 class EngineEntry:
     """One engine: ``build(config)`` gives it (None: rloo's own sampler, which the pipeline picks by
-    ``sampler_cuda_graphs``); ``separate``: it samples with other kernels than rloo's forward (and its own
-    copy of the weights), so its log-probs never equal rloo's and every batch is off-policy;
+    ``sampler_cuda_graphs``); ``separate``: it samples with other kernels than rloo's forward (vLLM with its
+    own copy of the weights too), so its log-probs never equal rloo's and every batch is off-policy;
     ``processed_logprobs``: the log-probs it returns are of the distribution after repetition penalty and
     truncation (top-k, top-p, min-p), as vLLM's and transformers' continuous batching's are."""
 
