@@ -341,15 +341,9 @@ def test_a_lora_policy_samples_with_its_adapters(tmp_path: Path) -> None:
 def test_multi_turn_episodes_with_tools_sample_their_turns_with_it(tmp_path: Path) -> None:
     """Each turn of an episode is one call of the engine (rloo.tools.episodes): the taught model calls the tool,
     reads its answer and ends, as with rloo's sampler."""
-    from tests.helpers.tools import multiply, question, taught_model, tool_tokenizer
+    from tests.helpers.tools import multiply, product_reward, product_rows, taught_model, tool_tokenizer
 
     seen: list[Any] = []
-
-    def product_reward(completions: list[Any], a: list[int], b: list[int], **_: Any) -> list[float]:
-        seen.extend(completions)
-        return [float(c[-1]["content"].strip() == str(x * y)) for c, x, y in zip(completions, a, b, strict=True)]
-
-    rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 4]
     args = RLOOConfig(
         output_dir=str(tmp_path / "run"),
         num_generations=4,
@@ -364,9 +358,9 @@ def test_multi_turn_episodes_with_tools_sample_their_turns_with_it(tmp_path: Pat
     )
     run = RLOOTrainer(
         taught_model(),
-        product_reward,
+        product_reward(seen),
         args=args,
-        train_dataset=rows,
+        train_dataset=product_rows(),
         processing_class=tool_tokenizer(),
         tools=[multiply],
     )

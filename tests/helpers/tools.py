@@ -33,6 +33,21 @@ def question(a: int, b: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{a}*{b}?"}]
 
 
+def product_rows() -> list[dict[str, Any]]:
+    """Eight rows asking for 3 x 4 and 2 x 5, with their factors as columns (for :func:`product_reward`)."""
+    return [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 4]
+
+
+def product_reward(seen: list[Any]) -> Any:
+    """A reward of 1 where the episode's last message is the product, each completion appended to ``seen``."""
+
+    def reward(completions: list[Any], a: list[int], b: list[int], **_: Any) -> list[float]:
+        seen.extend(completions)
+        return [float(c[-1]["content"].strip() == str(x * y)) for c, x, y in zip(completions, a, b, strict=True)]
+
+    return reward
+
+
 def call_text(a: int, b: int) -> str:
     return f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
 

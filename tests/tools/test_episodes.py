@@ -17,7 +17,15 @@ from rloo.generation.sampling import SamplingParams
 from rloo.tools.agent import AgentSettings
 from rloo.tools.calling import Toolbox
 from rloo.tools.episodes import EpisodeLimits, run_episodes
-from tests.helpers.tools import call_text, multiply, question, taught_model, tool_tokenizer
+from tests.helpers.tools import (
+    call_text,
+    multiply,
+    product_reward,
+    product_rows,
+    question,
+    taught_model,
+    tool_tokenizer,
+)
 
 TOK = tool_tokenizer()
 EOS = TOK.eos_token_id
@@ -175,12 +183,6 @@ def test_the_samplers_log_probs_are_a_forward_over_the_whole_episode() -> None:
 
 def test_a_run_with_tools_trains_and_logs_its_episodes(tmp_path: Path) -> None:
     seen: list[Any] = []
-
-    def product_reward(completions: list[Any], a: list[int], b: list[int], **_: Any) -> list[float]:
-        seen.extend(completions)
-        return [float(c[-1]["content"].strip() == str(x * y)) for c, x, y in zip(completions, a, b, strict=True)]
-
-    rows = [{"prompt": question(a, b), "a": a, "b": b} for a, b in [(3, 4), (2, 5)] * 4]
     args = RLOOConfig(
         output_dir=str(tmp_path / "run"),
         num_generations=4,
@@ -194,7 +196,12 @@ def test_a_run_with_tools_trains_and_logs_its_episodes(tmp_path: Path) -> None:
         seed=0,
     )
     trainer = RLOOTrainer(
-        taught_model(), product_reward, args=args, train_dataset=rows, processing_class=TOK, tools=[multiply]
+        taught_model(),
+        product_reward(seen),
+        args=args,
+        train_dataset=product_rows(),
+        processing_class=TOK,
+        tools=[multiply],
     )
     trainer.train()
     logged = [row for row in trainer.state.log_history if "tools/call_frequency" in row]
