@@ -130,7 +130,7 @@ lock: $(STAMP)
 	{ sed -n '1,3p' requirements/tested.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v -E '^(torch|triton)=='; } \
 		> requirements/tested.txt.new && mv requirements/tested.txt.new requirements/tested.txt
 
-# Issue 38's GPU benchmark, rloo against TRL 1.16 phase by phase (benchmarks/gpu_vs_trl.sh, about 8 minutes on an
+# Issue 38's GPU benchmark, rloo against TRL 1.16 phase by phase (benchmarks/gpu_vs_trl.sh, about 9.5 minutes on an
 # H100/H200; carry .whl/, filled here by benchmarks/gpu_wheels.sh). No .venv there: it runs on the machine's python3.
 # `QUICK=1 make bench-gpu` is its dry run on a CPU (.venv's python where there is one).
 .PHONY: bench-gpu

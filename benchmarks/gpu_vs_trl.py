@@ -1,6 +1,6 @@
 """rloo against TRL 1.16's RLOOTrainer on one GPU, phase by phase, on the same model, data and settings (issue 38).
 
-    bash benchmarks/gpu_vs_trl.sh            # the driver (make bench-gpu): about 8 minutes on an H100 or H200
+    bash benchmarks/gpu_vs_trl.sh            # the driver (make bench-gpu): about 9.5 minutes on an H100 or H200
     QUICK=1 bash benchmarks/gpu_vs_trl.sh    # a tiny dry run on a CPU, seconds per part
 
 The driver calls this script once per implementation and variant, each in a process of its own (peak memory is
