@@ -120,9 +120,11 @@ def lean_gated_mlps(model: nn.Module) -> Iterator[int]:
     everything = list(model.modules())
     # a checkpointed layer's recompute runs in the backward, after the block: it must save what the forward did;
     # a layer compiled for the passes (rloo.training.regional_compile) traced its MLP's own forward
-    checkpointed = any(getattr(m, "gradient_checkpointing", False) is True for m in everything)
-    compiled = any(getattr(m, "_compiled_call_impl", None) is not None for m in everything)
-    modules = [] if checkpointed or compiled else [m for m in everything if takes_lean(m)]
+    traced = any(
+        getattr(m, "gradient_checkpointing", False) is True or getattr(m, "_compiled_call_impl", None) is not None
+        for m in everything
+    )
+    modules = [] if traced else [m for m in everything if takes_lean(m)]
     for module in modules:
         module.forward = types.MethodType(lean_forward, module)
     try:

@@ -44,19 +44,11 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def check_backend(backend: str) -> None:
-    """Raises naming ``torch_compile_backend`` when this torch has no such backend."""
-    known = torch._dynamo.list_backends(exclude_tags=())
-    if backend not in known:
-        raise ValueError(f"RLOOConfig.torch_compile_backend={backend!r} is invalid: this torch has {sorted(known)}")
-
-
 class CompiledLayers:
     """``model``'s decoder layers (:func:`decoder_layers`), each call compiled once by ``torch.compile``
     (``backend``, ``mode``, dynamic shapes), run compiled inside :meth:`active` only."""
 
     def __init__(self, model: nn.Module, backend: str, mode: str | None) -> None:
-        check_backend(backend)
         self.layers = decoder_layers(model)
         self.calls: list[Callable[..., Any]] = [
             torch.compile(layer._call_impl, backend=backend, mode=mode, dynamic=True) for layer in self.layers
@@ -74,11 +66,6 @@ class CompiledLayers:
                 layer._compiled_call_impl = None
 
 
-def is_compiling_layers(model: nn.Module) -> bool:
-    """Whether any of ``model``'s modules runs a compiled call now (inside :meth:`CompiledLayers.active`)."""
-    return any(getattr(module, "_compiled_call_impl", None) is not None for module in model.modules())
-
-
 def compile_for_training(model: Any, args: Any) -> tuple[Any, CompiledLayers | None]:
     """What the training passes run when ``args.torch_compile``: ``(model, its compiled layers)``; a model with
     no decoder-layer classes listed ``(torch.compile(model), None)``, whose passes take the plain head; without
@@ -86,6 +73,9 @@ def compile_for_training(model: Any, args: Any) -> tuple[Any, CompiledLayers | N
     if not args.torch_compile:
         return model, None
     backend = args.torch_compile_backend or "inductor"
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ValueError(f"RLOOConfig.torch_compile_backend={backend!r} is invalid: this torch has {sorted(known)}")
     layers = CompiledLayers(model, backend, args.torch_compile_mode)
     if layers.layers:
         return model, layers
