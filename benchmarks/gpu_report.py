@@ -230,21 +230,23 @@ def verdict(rloo: dict[str, Any], ab: dict[str, Any]) -> list[str]:
     the sampler (the captured decode step of ``graphs-fused``, transformers' continuous batching of ``cb``) by
     sampling seconds, the fused LM head (``graphs-fused``) by log-prob and update seconds; the next session makes
     a winner the CUDA default (issue 38)."""
-    base = numbers(rloo.get("fixed", {})) if rloo.get("fixed", {}).get("status") == "done" else None
+
+    def finished(run: dict[str, Any] | None) -> dict[str, Any] | None:
+        return numbers(run) if run and run.get("status") == "done" else None
+
+    base = finished(rloo.get("fixed"))
     if base is None:
         return ["verdict: no finished as-is fixed run to compare with"]
     lines = []
     samplers = {"eager loop (as is)": base["sampling"]}
     for key, name in (("graphs-fused fixed", "captured decode step"), ("cb fixed", "continuous batching")):
-        got = numbers(ab.get(key, {})) if ab.get(key, {}).get("status") == "done" else None
+        got = finished(ab.get(key))
         if got is not None:
             samplers[name] = got["sampling"]
     best = min(samplers, key=lambda name: samplers[name])
     shown = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in samplers.items())
     lines.append(f"verdict, sampler: {best} is the fastest ({shown})")
-    fused = (
-        numbers(ab.get("graphs-fused fixed", {})) if ab.get("graphs-fused fixed", {}).get("status") == "done" else None
-    )
+    fused = finished(ab.get("graphs-fused fixed"))
     if fused is not None:
         for phase in ("logprobs", "update"):
             if base.get(phase) and fused.get(phase):
